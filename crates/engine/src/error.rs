@@ -1,0 +1,28 @@
+//! Errors of the engine layer, wrapping those of the crates below with messages a user can act on.
+
+use std::path::PathBuf;
+
+/// What can go wrong while loading a model or generating.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("model file not found: {}", .0.display())]
+    ModelNotFound(PathBuf),
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] tokenizer::TokenizerError),
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
+    #[error("this model has no chat template (tokenizer.chat_template); use a raw prompt without --chat")]
+    NoChatTemplate,
+    #[error("the prompt is empty (it tokenizes to no tokens)")]
+    EmptyPrompt,
+    #[error("the prompt has {prompt} tokens but the context holds {ctx} (raise -c/--ctx-size)")]
+    PromptTooLong { prompt: usize, ctx: usize },
+    #[error("the text has {tokens} tokens, fewer than the {needed} needed for one chunk of {ctx}")]
+    TextTooShort { tokens: usize, needed: usize, ctx: usize },
+    #[error("cannot read {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}

@@ -1,0 +1,186 @@
+//! A loaded model with its tokenizer, and generation with stop rules and timings — shared by the CLI and the
+//! server. Prompts are tokenized as llama.cpp does (special-token text parsed, BOS where the model asks for
+//! it); `--chat` prompts are first rendered with the model's own chat template.
+
+use crate::error::EngineError;
+use decode::{DenseDecoder, Sampler, SamplingParams};
+use model::Model;
+use std::path::Path;
+use std::time::Instant;
+use tokenizer::{chat, StreamDecoder, Tokenizer};
+
+/// A model and its tokenizer.
+pub struct Engine {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    /// Maximum number of new tokens.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop at end-of-generation tokens (on by default).
+    pub stop_at_eog: bool,
+    /// Stop strings: generation ends when the text contains one (it is cut off).
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams { max_tokens: 128, sampling: SamplingParams::greedy(), stop_at_eog: true, stop: Vec::new() }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Hit `max_tokens`.
+    Length,
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+/// Speeds of one generation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    pub prompt_seconds: f64,
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+}
+
+impl Timings {
+    pub fn prompt_tokens_per_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prompt_seconds)
+    }
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        rate(self.decode_tokens, self.decode_seconds)
+    }
+}
+
+fn rate(n: usize, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}
+
+/// The result of [`Engine::generate`].
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub timings: Timings,
+}
+
+impl Engine {
+    /// Loads model and tokenizer from one GGUF file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Engine, EngineError> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(EngineError::ModelNotFound(path.to_path_buf()));
+        }
+        let model = Model::load(path)?;
+        let tokenizer = Tokenizer::from_gguf(model.gguf())?;
+        Ok(Engine { model, tokenizer })
+    }
+
+    /// The text the model sees for `prompt`: itself, or with `chat` one user message rendered by the model's
+    /// chat template with the assistant turn opened.
+    pub fn render_prompt(&self, prompt: &str, chat: bool) -> Result<String, EngineError> {
+        if !chat {
+            return Ok(prompt.to_string());
+        }
+        self.render_chat(&[chat::Message { role: "user".into(), content: prompt.into() }])
+    }
+
+    /// Renders a conversation with the model's chat template, opening the assistant's turn.
+    pub fn render_chat(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
+        let template = self.tokenizer.chat_template().ok_or(EngineError::NoChatTemplate)?;
+        let piece = |id: Option<u32>| id.map(|t| String::from_utf8_lossy(self.tokenizer.token_bytes(t)).into_owned()).unwrap_or_default();
+        Ok(chat::render(template, messages, true, &piece(self.tokenizer.bos()), &piece(self.tokenizer.eos()))?)
+    }
+
+    /// Token ids of a rendered prompt, as llama.cpp tokenizes prompts (specials parsed, BOS as the model says).
+    pub fn tokenize_prompt(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text, true, true)
+    }
+
+    /// Generates up to `params.max_tokens` tokens after `prompt_ids` with dense decoding. `on_text` receives
+    /// each complete piece of text as it is produced and returns `false` to stop early.
+    pub fn generate(
+        &self,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        ctx: usize,
+        threads: usize,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let needed = prompt_ids.len() + params.max_tokens;
+        if prompt_ids.len() >= ctx {
+            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
+        }
+        let capacity = needed.min(ctx);
+        let mut dec = DenseDecoder::new(&self.model, capacity, threads);
+        let mut sampler = Sampler::new(params.sampling.clone());
+        let mut stream = StreamDecoder::default();
+        let mut text = String::new();
+        let mut generated = Vec::new();
+        let mut history: Vec<u32> = prompt_ids.to_vec();
+        let mut timings = Timings { prompt_tokens: prompt_ids.len(), ..Default::default() };
+
+        let t0 = Instant::now();
+        let mut next = sampler.sample(dec.feed(prompt_ids)?, &history);
+        timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut finish = FinishReason::Length;
+        while generated.len() < params.max_tokens {
+            if params.stop_at_eog && self.tokenizer.is_eog(next) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            generated.push(next);
+            history.push(next);
+            let piece = stream.push(&self.tokenizer, next);
+            text.push_str(&piece);
+            if let Some(cut) = find_stop(&text, &params.stop) {
+                text.truncate(cut);
+                finish = FinishReason::Stop;
+                break;
+            }
+            if !piece.is_empty() && !on_text(&piece) {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
+                break;
+            }
+            next = sampler.sample(dec.feed(&[next])?, &history);
+        }
+        timings.decode_seconds = t1.elapsed().as_secs_f64();
+        timings.decode_tokens = generated.len();
+        if finish != FinishReason::Stop || params.stop.is_empty() {
+            let rest = stream.flush();
+            if !rest.is_empty() {
+                on_text(&rest);
+                text.push_str(&rest);
+            }
+        }
+        Ok(Generation { prompt_ids: prompt_ids.to_vec(), generated_ids: generated, text, finish, timings })
+    }
+}
+
+/// Byte offset of the earliest stop string in `text`.
+fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
+    stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
+}

@@ -1,0 +1,102 @@
+//! Criterion benches: matvec throughput (GB/s of weights) per type at SmolLM2/Gemma shapes, and the
+//! multi-row curve (time for n = 1, 2, 4, 8, 16 activation rows). Threads: env `SPECEE_BENCH_THREADS`
+//! (default 2). Weights are random bytes with sane scales (speed does not depend on the values).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use gguf::GgmlType;
+use kernels::{matmul, MatmulScratch, QMatrix, ThreadPool};
+use std::time::Duration;
+
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let bytes = ty.row_bytes(cols).unwrap() * rows;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut data: Vec<u8> = (0..bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    // Make every f16 scale field a small finite number (0x2000 ≈ 0.0078) so no NaN/inf slows anything.
+    let ts = ty.type_size();
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        _ => &[],
+    };
+    if ty == GgmlType::F16 || ty == GgmlType::BF16 || ty == GgmlType::F32 {
+        data.iter_mut().for_each(|b| *b &= 0x3f);
+    }
+    for block in data.chunks_exact_mut(ts) {
+        for &f in fields {
+            block[f..f + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+        }
+    }
+    data
+}
+
+fn threads() -> usize {
+    std::env::var("SPECEE_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
+fn matvec(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let shapes = [
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q8_0, 49152, 576),
+        (GgmlType::Q8_0, 262144, 640),
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+        (GgmlType::Q4_0, 1536, 576),
+        (GgmlType::F16, 1536, 576),
+    ];
+    let mut group = c.benchmark_group(format!("matvec_t{}_{}", pool.n_threads(), kernels::detected_isa()));
+    group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    for (ty, rows, cols) in shapes {
+        let data = random_matrix(ty, rows, cols);
+        let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+        let mut out = vec![0.0; rows];
+        let mut scratch = MatmulScratch::default();
+        group.throughput(Throughput::Bytes(data.len() as u64));
+        group.bench_function(BenchmarkId::new(ty.name(), format!("{rows}x{cols}")), |b| {
+            b.iter(|| matmul(&pool, &w, &x, 1, &mut out, &mut scratch))
+        });
+    }
+    group.finish();
+}
+
+fn multi_row(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let shapes = [
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q8_0, 49152, 576),
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+    ];
+    let mut group = c.benchmark_group(format!("multirow_t{}_{}", pool.n_threads(), kernels::detected_isa()));
+    group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    for (ty, rows, cols) in shapes {
+        let data = random_matrix(ty, rows, cols);
+        let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+        for n in [1usize, 2, 4, 8, 16] {
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+            let mut out = vec![0.0; n * rows];
+            let mut scratch = MatmulScratch::default();
+            group.bench_function(BenchmarkId::new(format!("{}_{rows}x{cols}", ty.name()), n), |b| {
+                b.iter(|| matmul(&pool, &w, &x, n, &mut out, &mut scratch))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, multi_row);
+criterion_main!(benches);

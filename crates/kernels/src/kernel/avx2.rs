@@ -1,0 +1,345 @@
+//! AVX2 + FMA + F16C row kernels (no VNNI: `vpmaddubsw` u8 × i8 → i16 pairs, `vpmaddwd` → i32).
+//!
+//! Legacy quants, one 32-element block per register: weights are unpacked once per block to unsigned
+//! bytes (Q4_x nibbles, Q5_x five-bit values) and dotted with every activation row of the tile; Q8_0 uses
+//! ggml's sign trick (`|w|` × `sign(y, w)`). Each block sum is scaled by `d_w · d_x` in f32. The offset
+//! terms (`-8·d·Σy` for Q4_0, `-16·d·Σy` for Q5_0, `m · s` for Q4_1/Q5_1) are added per row segment as
+//! one vector dot of per-block weight coefficients with the activations' per-block `s`.
+//!
+//! K-quants (Q4_K, Q5_K, Q6_K): 32 unsigned values per register, `vpmaddubsw` then `vpmaddwd` with the
+//! 16-bit sub-block scales accumulate a super-block in i32, scaled once in f32.
+//! F32/F16/BF16 weights are widened to f32 and FMA'd. Q2_K/Q3_K use the scalar kernels.
+
+use super::{tile, RowKernel};
+use crate::quantize::Acts;
+use gguf::GgmlType;
+use std::arch::x86_64::*;
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+
+/// The AVX2 row kernel for `ty`, if there is one. Only called after `Isa::Avx2.available()`.
+pub(crate) fn kernel(ty: GgmlType) -> Option<RowKernel> {
+    // SAFETY (all closures): handed out only when the CPU has avx2, fma and f16c
+    // (`Isa::Avx2.available()`), and `matmul` passes consistent shapes.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q4_0>, nt, w, rb, a, t0, o) },
+        GgmlType::Q4_1 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q4_1>, nt, w, rb, a, t0, o) },
+        GgmlType::Q5_0 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q5_0>, nt, w, rb, a, t0, o) },
+        GgmlType::Q5_1 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q5_1>, nt, w, rb, a, t0, o) },
+        GgmlType::Q8_0 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q8_0>, nt, w, rb, a, t0, o) },
+        GgmlType::Q4_K => |w, rb, a, t0, nt, o| unsafe { tile!(q4_k::<false>, nt, w, rb, a, t0, o) },
+        GgmlType::Q5_K => |w, rb, a, t0, nt, o| unsafe { tile!(q4_k::<true>, nt, w, rb, a, t0, o) },
+        GgmlType::Q6_K => |w, rb, a, t0, nt, o| unsafe { tile!(q6_k, nt, w, rb, a, t0, o) },
+        GgmlType::F32 => |w, rb, a, t0, nt, o| unsafe { tile!(float::<0>, nt, w, rb, a, t0, o) },
+        GgmlType::F16 => |w, rb, a, t0, nt, o| unsafe { tile!(float::<1>, nt, w, rb, a, t0, o) },
+        GgmlType::BF16 => |w, rb, a, t0, nt, o| unsafe { tile!(float::<2>, nt, w, rb, a, t0, o) },
+        _ => return None,
+    })
+}
+
+const fn block_bytes(k: u8) -> usize {
+    match k {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        _ => 34,
+    }
+}
+
+/// Blocks per segment for the per-block offset term.
+const SEG: usize = 64;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// 32 bytes, 0xFF where the corresponding bit of `bits` is set (ggml's `bytes_from_bits_32`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_from_bits(bits: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+    let bit_mask = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    let v = _mm256_or_si256(v, bit_mask);
+    _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
+}
+
+/// Legacy quant rows × `N` activation rows (see the module header).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let bytes = block_bytes(K);
+    let (nb, cols) = (a.nb, a.cols);
+    debug_assert!(a.qs.len() >= (t0 + N) * cols && a.dexp.len() >= (t0 + N) * nb * 8);
+    let ones = _mm256_set1_epi16(1);
+    let low4 = _mm_set1_epi8(0x0F);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let row = row.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut coef = [0.0f32; SEG];
+        let mut seg_start = 0;
+        for b in 0..nb {
+            let p = row.add(b * bytes);
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)));
+            let dx = _mm256_set1_ps(d);
+            let wv = if K == Q8_0 {
+                _mm256_loadu_si256(p.add(2) as *const __m256i)
+            } else {
+                let qs_at = match K {
+                    Q4_0 => 2,
+                    Q4_1 => 4,
+                    Q5_0 => 6,
+                    _ => 8,
+                };
+                let q = _mm_loadu_si128(p.add(qs_at) as *const __m128i);
+                let lo = _mm_and_si128(q, low4);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), low4);
+                let v = _mm256_set_m128i(hi, lo);
+                if K == Q5_0 || K == Q5_1 {
+                    let qh_at = if K == Q5_0 { 2 } else { 4 };
+                    let bits = (p.add(qh_at) as *const u32).read_unaligned();
+                    _mm256_or_si256(v, _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10)))
+                } else {
+                    v
+                }
+            };
+            match K {
+                Q4_0 => coef[b - seg_start] = -8.0 * d,
+                Q5_0 => coef[b - seg_start] = -16.0 * d,
+                Q4_1 | Q5_1 => {
+                    coef[b - seg_start] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p.add(2) as *const u16).read_unaligned() as i32)))
+                }
+                _ => {}
+            }
+            // Q8_0: |w| as the unsigned operand; the activation takes w's sign.
+            let wu = if K == Q8_0 { _mm256_sign_epi8(wv, wv) } else { wv };
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let t = t0 + j;
+                let y = _mm256_loadu_si256(a.qs.as_ptr().add(t * cols + b * 32) as *const __m256i);
+                let y = if K == Q8_0 { _mm256_sign_epi8(y, wv) } else { y };
+                let dp = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones);
+                let dy = _mm256_loadu_ps(a.dexp.as_ptr().add((t * nb + b) * 8));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_mul_ps(dx, dy), *acc);
+            }
+            let b_end = b + 1;
+            if K != Q8_0 && (b_end - seg_start == SEG || b_end == nb) {
+                let len = b_end - seg_start;
+                let mut i = 0;
+                while i < len {
+                    if len - i >= 8 {
+                        let cv = _mm256_loadu_ps(coef.as_ptr().add(i));
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            let s = _mm256_loadu_ps(a.s.as_ptr().add((t0 + j) * nb + seg_start + i));
+                            *acc = _mm256_fmadd_ps(cv, s, *acc);
+                        }
+                        i += 8;
+                    } else {
+                        // Remaining < 8 blocks: scalar, added into lane 0.
+                        for (j, acc) in acc.iter_mut().enumerate() {
+                            let s = &a.s[(t0 + j) * nb + seg_start..];
+                            let mut extra = 0.0f32;
+                            for k in i..len {
+                                extra += coef[k] * s[k];
+                            }
+                            *acc = _mm256_add_ps(*acc, _mm256_setr_ps(extra, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0));
+                        }
+                        i = len;
+                    }
+                }
+                seg_start = b_end;
+            }
+        }
+        for j in 0..N {
+            out[r * N + j] = hsum(acc[j]);
+        }
+    }
+}
+
+/// Decodes the 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block (ggml's `utmp` shuffle) as
+/// little-endian bytes: `(scales[0..8], mins[0..8])` packed in two u64.
+#[inline(always)]
+pub(crate) fn k4_scales_mins(q: &[u8]) -> (u64, u64) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let sc_lo = u0 & KMASK1;
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    (sc_lo as u64 | ((sc_hi as u64) << 32), m_lo as u64 | ((m_hi as u64) << 32))
+}
+
+/// Q4_K (or Q5_K when `FIVE`) rows × `N` activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let bytes = if FIVE { 176 } else { 144 };
+    let qs_at = if FIVE { 48 } else { 16 };
+    let (nb, cols) = (a.nb, a.cols);
+    debug_assert!(a.qs.len() >= (t0 + N) * cols && a.bsums.len() >= (t0 + N) * nb * 16);
+    let low4 = _mm256_set1_epi8(0x0F);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for ib in 0..nb {
+            let blk = &row[ib * bytes..(ib + 1) * bytes];
+            let p = blk.as_ptr();
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u32).read_unaligned() as i32));
+            let d = _mm_cvtss_f32(dm);
+            let dmin = _mm_cvtss_f32(_mm_shuffle_ps::<0b01>(dm, dm));
+            let (sc, mn) = k4_scales_mins(&blk[4..16]);
+            let sc_bytes = sc.to_le_bytes();
+            // Mins per 16-element group (group g belongs to sub-block g / 2).
+            let mn16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                _mm_cvtsi64_si128(mn as i64),
+                _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+            ));
+            let qh = if FIVE { _mm256_loadu_si256(p.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+            // 8 sub-blocks of 32 values: sub-block 2k = low nibbles of qs[32k..], 2k+1 = high nibbles.
+            let mut wq = [_mm256_setzero_si256(); 8];
+            let mut scv = [_mm256_setzero_si256(); 8];
+            for k in 0..4 {
+                let q = _mm256_loadu_si256(p.add(qs_at + 32 * k) as *const __m256i);
+                let mut lo = _mm256_and_si256(q, low4);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
+                if FIVE {
+                    let sixteen = _mm256_set1_epi8(16);
+                    let bl = _mm256_set1_epi8(1 << (2 * k));
+                    let bh = _mm256_set1_epi8((2 << (2 * k)) as u8 as i8);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), sixteen));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen));
+                }
+                wq[2 * k] = lo;
+                wq[2 * k + 1] = hi;
+                scv[2 * k] = _mm256_set1_epi16(sc_bytes[2 * k] as i16);
+                scv[2 * k + 1] = _mm256_set1_epi16(sc_bytes[2 * k + 1] as i16);
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let t = t0 + j;
+                let y = a.qs.as_ptr().add(t * cols + ib * 256);
+                let mut isum = _mm256_setzero_si256();
+                for s in 0..8 {
+                    let ys = _mm256_loadu_si256(y.add(32 * s) as *const __m256i);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[s], ys), scv[s]));
+                }
+                let bs = _mm256_loadu_si256(a.bsums.as_ptr().add((t * nb + ib) * 16) as *const __m256i);
+                let msum = _mm256_madd_epi16(mn16, bs);
+                let dy = *a.d.get_unchecked(t * nb + ib);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dy * d), *acc);
+                *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dy * dmin), *acc);
+            }
+        }
+        for j in 0..N {
+            out[r * N + j] = hsum(acc[j]);
+        }
+    }
+}
+
+/// Q6_K rows × `N` activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let (nb, cols) = (a.nb, a.cols);
+    debug_assert!(a.qs.len() >= (t0 + N) * cols && a.bsums.len() >= (t0 + N) * nb * 16);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let low2 = _mm256_set1_epi8(0x03);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for ib in 0..nb {
+            let p = row[ib * 210..(ib + 1) * 210].as_ptr();
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p.add(208) as *const u16).read_unaligned() as i32)));
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+            let sc_bytes = std::slice::from_raw_parts(p.add(192) as *const i8, 16);
+            // 8 quarters of 32 values (quarter 4n + k), each with two 16-element scales.
+            let mut wq = [_mm256_setzero_si256(); 8];
+            let mut scv = [_mm256_setzero_si256(); 8];
+            for n in 0..2 {
+                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+                // High bit pairs k = 0..3 moved to bits 4..5.
+                let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, low2));
+                let h1 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), low2));
+                let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), low2));
+                let h3 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), low2));
+                wq[4 * n] = _mm256_or_si256(_mm256_and_si256(ql0, low4), h0);
+                wq[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), h1);
+                wq[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4), h2);
+                wq[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4), h3);
+                for k in 0..4 {
+                    let g = 8 * n + 2 * k;
+                    scv[4 * n + k] = _mm256_set_m128i(
+                        _mm_set1_epi16(sc_bytes[g + 1] as i16),
+                        _mm_set1_epi16(sc_bytes[g] as i16),
+                    );
+                }
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let t = t0 + j;
+                let y = a.qs.as_ptr().add(t * cols + ib * 256);
+                let mut isum = _mm256_setzero_si256();
+                for q in 0..8 {
+                    let yq = _mm256_loadu_si256(y.add(32 * q) as *const __m256i);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[q], yq), scv[q]));
+                }
+                // The stored values are q + 32: subtract 32 · Σ scale · (sum of 16 activations).
+                let bs = _mm256_loadu_si256(a.bsums.as_ptr().add((t * nb + ib) * 16) as *const __m256i);
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs)));
+                let dy = *a.d.get_unchecked(t * nb + ib);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dy * d), *acc);
+            }
+        }
+        for j in 0..N {
+            out[r * N + j] = hsum(acc[j]);
+        }
+    }
+}
+
+/// F32 (`K = 0`), F16 (`K = 1`) or BF16 (`K = 2`) rows × `N` activation rows (f32 FMA).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let cols = a.cols;
+    debug_assert!(a.f.len() >= (t0 + N) * cols);
+    let elem = if K == 0 { 4 } else { 2 };
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let p = row.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); N];
+        let main = cols / 8 * 8;
+        let mut c = 0;
+        while c < main {
+            let wv = match K {
+                0 => _mm256_loadu_ps(p.add(c * 4) as *const f32),
+                1 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(c * 2) as *const __m128i)),
+                _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    p.add(c * 2) as *const __m128i,
+                )))),
+            };
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(a.f.as_ptr().add((t0 + j) * cols + c));
+                *acc = _mm256_fmadd_ps(wv, x, *acc);
+            }
+            c += 8;
+        }
+        for j in 0..N {
+            let mut tail = 0.0f32;
+            for c in main..cols {
+                let wb = std::slice::from_raw_parts(p.add(c * elem), elem);
+                let wf = match K {
+                    0 => f32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]),
+                    1 => crate::blocks::f16_to_f32(u16::from_le_bytes([wb[0], wb[1]])),
+                    _ => crate::blocks::bf16_to_f32(u16::from_le_bytes([wb[0], wb[1]])),
+                };
+                tail += wf * a.f[(t0 + j) * cols + c];
+            }
+            out[r * N + j] = hsum(acc[j]) + tail;
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! AVX-512 (F, BW, VL) + VNNI row kernels.
+//!
+//! Legacy quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are processed two blocks (64 elements) per register.
+//! Each weight pair is unpacked once to 64 signed or unsigned bytes and then dotted with every activation
+//! row of the tile by `vpdpbusd` (u8 × i8 → i32). Signed weights are paired with the activations shifted
+//! to unsigned (`q + 128`), and the accumulator starts at `-128 · Σw` (computed once per pair by the same
+//! instruction), so the block sums are exact integers as in ggml. Per block the sum is scaled by
+//! `d_w · d_x` in f32; Q4_1/Q5_1 add `Σ m · s` per row segment as one vector dot.
+//!
+//! K-quants (Q4_K, Q5_K, Q6_K) unpack 64 unsigned values per register; `vpmaddubsw` then `vpdpwssd` with
+//! the sub-block scales accumulate the whole 256-element super-block in i32, scaled once in f32.
+//! F32/F16/BF16 weights are widened to f32 and FMA'd. Q2_K/Q3_K use the scalar kernels.
+//!
+//! Every kernel is generic over the tile size `N` (activation rows, 1..=8) so accumulators stay in
+//! registers; the per-token arithmetic does not depend on `N`, so results are identical for any tiling.
+
+use super::avx2::k4_scales_mins;
+use super::{tile, RowKernel};
+use crate::quantize::Acts;
+use gguf::GgmlType;
+use std::arch::x86_64::*;
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+
+/// The AVX-512 row kernel for `ty`, if there is one. Only called after `Isa::Avx512.available()`.
+pub(crate) fn kernel(ty: GgmlType) -> Option<RowKernel> {
+    // SAFETY (all closures): the dispatcher hands these out only when the CPU has avx512f/bw/vl/vnni,
+    // fma and f16c (`Isa::Avx512.available()`), and `matmul` passes consistent shapes.
+    Some(match ty {
+        GgmlType::Q4_0 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q4_0>, nt, w, rb, a, t0, o) },
+        GgmlType::Q4_1 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q4_1>, nt, w, rb, a, t0, o) },
+        GgmlType::Q5_0 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q5_0>, nt, w, rb, a, t0, o) },
+        GgmlType::Q5_1 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q5_1>, nt, w, rb, a, t0, o) },
+        GgmlType::Q8_0 => |w, rb, a, t0, nt, o| unsafe { tile!(legacy::<Q8_0>, nt, w, rb, a, t0, o) },
+        GgmlType::Q4_K => |w, rb, a, t0, nt, o| unsafe { tile!(q4_k::<false>, nt, w, rb, a, t0, o) },
+        GgmlType::Q5_K => |w, rb, a, t0, nt, o| unsafe { tile!(q4_k::<true>, nt, w, rb, a, t0, o) },
+        GgmlType::Q6_K => |w, rb, a, t0, nt, o| unsafe { tile!(q6_k, nt, w, rb, a, t0, o) },
+        GgmlType::F32 => |w, rb, a, t0, nt, o| unsafe { tile!(float::<0>, nt, w, rb, a, t0, o) },
+        GgmlType::F16 => |w, rb, a, t0, nt, o| unsafe { tile!(float::<1>, nt, w, rb, a, t0, o) },
+        GgmlType::BF16 => |w, rb, a, t0, nt, o| unsafe { tile!(float::<2>, nt, w, rb, a, t0, o) },
+        _ => return None,
+    })
+}
+
+
+const fn block_bytes(k: u8) -> usize {
+    match k {
+        Q4_0 => 18,
+        Q4_1 => 20,
+        Q5_0 => 22,
+        Q5_1 => 24,
+        _ => 34,
+    }
+}
+
+/// Blocks per segment for the `Σ m · s` term of Q4_1/Q5_1.
+const SEG: usize = 64;
+
+/// Unpacks one or two consecutive legacy blocks at `p` into 64 weight bytes (block 1 zero if `!two`),
+/// the scale vector `[d0 ×8, d1 ×8]` and, for Q4_1/Q5_1, the mins `(m0, m1)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn unpack_pair<const K: u8>(p: *const u8, two: bool) -> (__m512i, __m512, f32, f32) {
+    let bytes = block_bytes(K);
+    let has_min = K == Q4_1 || K == Q5_1;
+    // Scales (and mins) through F16C: lanes [d0, m0, d1, m1] or [d0, d1, ..].
+    let (dx, m0, m1) = if has_min {
+        let h0 = (p as *const u32).read_unaligned();
+        let h1 = if two { (p.add(bytes) as *const u32).read_unaligned() } else { 0 };
+        let f = _mm_cvtph_ps(_mm_set_epi32(0, 0, h1 as i32, h0 as i32));
+        let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+        let dx = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+        let m0 = _mm_cvtss_f32(_mm_shuffle_ps::<0b01>(f, f));
+        let m1 = _mm_cvtss_f32(_mm_shuffle_ps::<0b11>(f, f));
+        (dx, m0, m1)
+    } else {
+        let h0 = (p as *const u16).read_unaligned() as i32;
+        let h1 = if two { (p.add(bytes) as *const u16).read_unaligned() as i32 } else { 0 };
+        let f = _mm_cvtph_ps(_mm_cvtsi32_si128(h0 | (h1 << 16)));
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        (_mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f)), 0.0, 0.0)
+    };
+    let w = if K == Q8_0 {
+        let lo = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        let hi = if two { _mm256_loadu_si256(p.add(bytes + 2) as *const __m256i) } else { _mm256_setzero_si256() };
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    } else {
+        let qs_at = match K {
+            Q4_0 => 2,
+            Q4_1 => 4,
+            Q5_0 => 6,
+            _ => 8,
+        };
+        let lo = _mm_loadu_si128(p.add(qs_at) as *const __m128i);
+        let hi = if two { _mm_loadu_si128(p.add(bytes + qs_at) as *const __m128i) } else { _mm_setzero_si128() };
+        let z = _mm512_castsi256_si512(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
+        let z = _mm512_shuffle_i64x2::<0b01_01_00_00>(z, z);
+        let z = _mm512_mask_srli_epi16::<4>(z, 0xFF00_FF00, z);
+        let w = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+        match K {
+            Q4_0 => _mm512_sub_epi8(w, _mm512_set1_epi8(8)),
+            Q4_1 => w,
+            _ => {
+                let qh_at = if K == Q5_0 { 2 } else { 4 };
+                let h0 = (p.add(qh_at) as *const u32).read_unaligned() as u64;
+                let h1 = if two { (p.add(bytes + qh_at) as *const u32).read_unaligned() as u64 } else { 0 };
+                let high: __mmask64 = h0 | (h1 << 32);
+                if K == Q5_0 {
+                    _mm512_mask_sub_epi8(w, !high, w, _mm512_set1_epi8(16))
+                } else {
+                    _mm512_mask_add_epi8(w, high, w, _mm512_set1_epi8(16))
+                }
+            }
+        }
+    };
+    (w, dx, m0, m1)
+}
+
+/// Legacy quant rows × `N` activation rows (see the module header).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let bytes = block_bytes(K);
+    let signed = K == Q4_0 || K == Q5_0 || K == Q8_0;
+    let has_min = !signed;
+    let (nb, cols) = (a.nb, a.cols);
+    debug_assert!(a.qs.len() >= (t0 + N) * cols && a.dexp.len() >= (t0 + N) * nb * 8);
+    let zero = _mm512_setzero_si512();
+    let c128 = _mm512_set1_epi8(-128);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let row = row.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut mins = [0.0f32; SEG];
+        let mut seg_start = 0;
+        let mut b = 0;
+        while b < nb {
+            let two = b + 1 < nb;
+            let (wv, dx, m0, m1) = unpack_pair::<K>(row.add(b * bytes), two);
+            let init = if signed { _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c128, wv)) } else { zero };
+            if two {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let t = t0 + j;
+                    let dp = if signed {
+                        let y = _mm512_loadu_si512(a.qu.as_ptr().add(t * cols + b * 32) as *const _);
+                        _mm512_dpbusd_epi32(init, y, wv)
+                    } else {
+                        let y = _mm512_loadu_si512(a.qs.as_ptr().add(t * cols + b * 32) as *const _);
+                        _mm512_dpbusd_epi32(zero, wv, y)
+                    };
+                    let dy = _mm512_loadu_ps(a.dexp.as_ptr().add((t * nb + b) * 8));
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(dx, dy), *acc);
+                }
+            } else {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let t = t0 + j;
+                    let dp = if signed {
+                        let y = _mm512_maskz_loadu_epi8(0xFFFF_FFFF, a.qu.as_ptr().add(t * cols + b * 32) as *const i8);
+                        _mm512_dpbusd_epi32(init, y, wv)
+                    } else {
+                        let y = _mm512_maskz_loadu_epi8(0xFFFF_FFFF, a.qs.as_ptr().add(t * cols + b * 32));
+                        _mm512_dpbusd_epi32(zero, wv, y)
+                    };
+                    let dy = _mm512_maskz_loadu_ps(0x00FF, a.dexp.as_ptr().add((t * nb + b) * 8));
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(dx, dy), *acc);
+                }
+            }
+            if has_min {
+                mins[b - seg_start] = m0;
+                if two {
+                    mins[b + 1 - seg_start] = m1;
+                }
+            }
+            b += 2;
+            let b_end = b.min(nb);
+            if has_min && (b_end - seg_start == SEG || b_end == nb) {
+                let len = b_end - seg_start;
+                let mut i = 0;
+                while i < len {
+                    let mask: __mmask16 = if len - i >= 16 { 0xFFFF } else { (1u16 << (len - i)) - 1 };
+                    let mv = _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(i));
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let s = _mm512_maskz_loadu_ps(mask, a.s.as_ptr().add((t0 + j) * nb + seg_start + i));
+                        *acc = _mm512_fmadd_ps(mv, s, *acc);
+                    }
+                    i += 16;
+                }
+                seg_start = b_end;
+            }
+        }
+        for j in 0..N {
+            out[r * N + j] = _mm512_reduce_add_ps(acc[j]);
+        }
+    }
+}
+
+/// Q4_K (or Q5_K when `FIVE`) rows × `N` activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let bytes = if FIVE { 176 } else { 144 };
+    let qs_at = if FIVE { 48 } else { 16 };
+    let (nb, cols) = (a.nb, a.cols);
+    debug_assert!(a.qs.len() >= (t0 + N) * cols && a.bsums.len() >= (t0 + N) * nb * 16);
+    let low4 = _mm512_set1_epi8(0x0F);
+    // vpermw indices: chunk k takes scale 2k for its first 16 i16 lanes and 2k+1 for the last 16.
+    let idx: [__m512i; 4] =
+        core::array::from_fn(|k| _mm512_mask_set1_epi16(_mm512_set1_epi16(2 * k as i16), 0xFFFF_0000, 2 * k as i16 + 1));
+    let min_idx = _mm256_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for ib in 0..nb {
+            let blk = &row[ib * bytes..(ib + 1) * bytes];
+            let p = blk.as_ptr();
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u32).read_unaligned() as i32));
+            let d = _mm_cvtss_f32(dm);
+            let dmin = _mm_cvtss_f32(_mm_shuffle_ps::<0b01>(dm, dm));
+            let (sc, mn) = k4_scales_mins(&blk[4..16]);
+            let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            let mn16 = _mm256_permutexvar_epi16(min_idx, _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64))));
+            let qh = if FIVE { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16) as *const __m256i)) } else { _mm512_setzero_si512() };
+            let mut wq = [_mm512_setzero_si512(); 4];
+            let mut scv = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                let q = _mm256_loadu_si256(p.add(qs_at + 32 * k) as *const __m256i);
+                let z = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), q);
+                let z = _mm512_mask_srli_epi16::<4>(z, 0xFFFF_0000, z);
+                let mut v = _mm512_and_si512(z, low4);
+                if FIVE {
+                    let bits = _mm512_mask_set1_epi8(_mm512_set1_epi8(1 << (2 * k)), 0xFFFF_FFFF_0000_0000, 2 << (2 * k));
+                    let high = _mm512_test_epi8_mask(qh, bits);
+                    v = _mm512_mask_add_epi8(v, high, v, _mm512_set1_epi8(16));
+                }
+                wq[k] = v;
+                scv[k] = _mm512_permutexvar_epi16(idx[k], sc16);
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let t = t0 + j;
+                let y = a.qs.as_ptr().add(t * cols + ib * 256);
+                let mut isum = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let yk = _mm512_loadu_si512(y.add(64 * k) as *const _);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(wq[k], yk), scv[k]);
+                }
+                let bs = _mm256_loadu_si256(a.bsums.as_ptr().add((t * nb + ib) * 16) as *const __m256i);
+                let msum = _mm512_zextsi256_si512(_mm256_madd_epi16(mn16, bs));
+                let dy = *a.d.get_unchecked(t * nb + ib);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dy * d), *acc);
+                *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_set1_ps(dy * dmin), *acc);
+            }
+        }
+        for j in 0..N {
+            out[r * N + j] = _mm512_reduce_add_ps(acc[j]);
+        }
+    }
+}
+
+/// Q6_K rows × `N` activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let (nb, cols) = (a.nb, a.cols);
+    debug_assert!(a.qs.len() >= (t0 + N) * cols && a.bsums.len() >= (t0 + N) * nb * 16);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let low2 = _mm512_set1_epi8(0x03);
+    // Chunk c (64 elements) uses scales 4c .. 4c+3, one per 8 i16 lanes after vpmaddubsw.
+    let idx: [__m512i; 4] = core::array::from_fn(|c| {
+        let c = 4 * c as i16;
+        _mm512_set_epi16(
+            c + 3, c + 3, c + 3, c + 3, c + 3, c + 3, c + 3, c + 3, c + 2, c + 2, c + 2, c + 2, c + 2, c + 2, c + 2, c + 2,
+            c + 1, c + 1, c + 1, c + 1, c + 1, c + 1, c + 1, c + 1, c, c, c, c, c, c, c, c,
+        )
+    });
+    // qh shifts: part a takes bit pairs 0 and 2 (first / second 32 elements), part b pairs 4 and 6.
+    let shift_a = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF_0000, 2);
+    let shift_b = _mm512_mask_set1_epi16(_mm512_set1_epi16(4), 0xFFFF_0000, 6);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for ib in 0..nb {
+            let p = row[ib * 210..(ib + 1) * 210].as_ptr();
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p.add(208) as *const u16).read_unaligned() as i32)));
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+            let mut wq = [_mm512_setzero_si512(); 4];
+            let mut scv = [_mm512_setzero_si512(); 4];
+            for n in 0..2 {
+                let ql = _mm512_loadu_si512(p.add(64 * n) as *const _);
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i));
+                let ha = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_a), low2);
+                let hb = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_b), low2);
+                wq[2 * n] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi16::<4>(ha));
+                wq[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4), _mm512_slli_epi16::<4>(hb));
+            }
+            for c in 0..4 {
+                scv[c] = _mm512_permutexvar_epi16(idx[c], _mm512_castsi256_si512(sc16));
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let t = t0 + j;
+                let y = a.qs.as_ptr().add(t * cols + ib * 256);
+                let mut isum = _mm512_setzero_si512();
+                for c in 0..4 {
+                    let yc = _mm512_loadu_si512(y.add(64 * c) as *const _);
+                    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(wq[c], yc), scv[c]);
+                }
+                // The stored values are q + 32: subtract 32 · Σ scale · (sum of 16 activations).
+                let bs = _mm256_loadu_si256(a.bsums.as_ptr().add((t * nb + ib) * 16) as *const __m256i);
+                let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
+                isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
+                let dy = *a.d.get_unchecked(t * nb + ib);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dy * d), *acc);
+            }
+        }
+        for j in 0..N {
+            out[r * N + j] = _mm512_reduce_add_ps(acc[j]);
+        }
+    }
+}
+
+/// F32 (`K = 0`), F16 (`K = 1`) or BF16 (`K = 2`) rows × `N` activation rows (f32 FMA).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    let cols = a.cols;
+    debug_assert!(a.f.len() >= (t0 + N) * cols);
+    let elem = if K == 0 { 4 } else { 2 };
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let p = row.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut c = 0;
+        while c < cols {
+            let mask: __mmask16 = if cols - c >= 16 { 0xFFFF } else { (1u16 << (cols - c)) - 1 };
+            let wv = match K {
+                0 => _mm512_maskz_loadu_ps(mask, p.add(c * elem) as *const f32),
+                1 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.add(c * elem) as *const i16)),
+                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                    mask,
+                    p.add(c * elem) as *const i16,
+                )))),
+            };
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(mask, a.f.as_ptr().add((t0 + j) * cols + c));
+                *acc = _mm512_fmadd_ps(wv, x, *acc);
+            }
+            c += 16;
+        }
+        for j in 0..N {
+            out[r * N + j] = _mm512_reduce_add_ps(acc[j]);
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Row kernels (one tile of weight rows × up to [`TILE`] activation rows) and the runtime choice of
+//! instruction set.
+//!
+//! The instruction set is detected once (`is_x86_feature_detected!`) and can be forced with the
+//! environment variable `SPECEE_KERNEL=scalar|avx2|avx512` (a forced path the CPU lacks falls back to the
+//! best available one). Each ISA module offers kernels for the types it accelerates; the rest use
+//! [`scalar`].
+
+pub(crate) mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+use crate::quantize::Acts;
+use gguf::GgmlType;
+use std::sync::OnceLock;
+
+/// Most activation rows one kernel call handles (weights are loaded once per tile).
+pub(crate) const TILE: usize = 8;
+
+/// Computes `out[r * nt + j] = dot(weight row r of w, activation row t0 + j)` for every row in `w`
+/// (`w.len() / row_bytes` rows) and `j < nt <= TILE`.
+pub(crate) type RowKernel = fn(w: &[u8], row_bytes: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32]);
+
+/// Calls `f::<N>` with the tile size as a constant.
+macro_rules! tile {
+    ($f:ident $(::<$k:tt>)?, $nt:expr, $($arg:expr),*) => {
+        match $nt {
+            1 => $f::<$($k,)? 1>($($arg),*),
+            2 => $f::<$($k,)? 2>($($arg),*),
+            3 => $f::<$($k,)? 3>($($arg),*),
+            4 => $f::<$($k,)? 4>($($arg),*),
+            5 => $f::<$($k,)? 5>($($arg),*),
+            6 => $f::<$($k,)? 6>($($arg),*),
+            7 => $f::<$($k,)? 7>($($arg),*),
+            8 => $f::<$($k,)? 8>($($arg),*),
+            n => panic!("tile of {n} activation rows"),
+        }
+    };
+}
+pub(crate) use tile;
+
+/// An instruction-set level with its own kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512-vnni",
+        }
+    }
+
+    /// Whether this CPU can run the level.
+    pub(crate) fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best level available, or the one named by `SPECEE_KERNEL` if the CPU has it.
+    fn detect() -> Isa {
+        let best = [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.available()).unwrap_or(Isa::Scalar);
+        match std::env::var("SPECEE_KERNEL").ok().as_deref() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if Isa::Avx2.available() => Isa::Avx2,
+            Some("avx512") if Isa::Avx512.available() => Isa::Avx512,
+            _ => best,
+        }
+    }
+
+    /// The level chosen for this process (detected once).
+    pub(crate) fn current() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(Isa::detect)
+    }
+}
+
+/// The row kernel for weights of type `ty` on level `isa` (falls back to scalar per type).
+pub(crate) fn row_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let simd = match isa {
+            Isa::Avx512 if isa.available() => avx512::kernel(ty),
+            Isa::Avx2 if isa.available() => avx2::kernel(ty),
+            _ => None,
+        };
+        if simd.is_some() {
+            return simd;
+        }
+    }
+    let _ = isa;
+    scalar::kernel(ty)
+}

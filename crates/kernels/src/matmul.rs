@@ -1,0 +1,189 @@
+//! Quantized matrix × activation products: [`QMatrix`] (a borrowed weight matrix in a ggml type),
+//! [`matmul`] (all rows × several activation rows) and [`matmul_rows`] (a few chosen rows × one
+//! activation row, for "head rows").
+//!
+//! Steps, as in ggml's CPU `mul_mat`: (1) quantize the activations once to the weight type's vec-dot
+//! format ([`crate::quantize`]), into a reusable [`MatmulScratch`]; (2) split the weight rows evenly across
+//! the pool's threads; (3) each thread walks its rows in small chunks and, per chunk, calls the row kernel
+//! on tiles of up to [`TILE`] activation rows, so each weight block is loaded once per tile.
+
+use crate::kernel::{row_kernel, Isa, TILE};
+use crate::pool::{split_range, ThreadPool};
+use crate::quantize::{act_kind, ActBuffers};
+use crate::{is_supported, KernelError};
+use gguf::GgmlType;
+
+/// Weight rows handled per kernel call (the output tile lives on the stack).
+const ROW_CHUNK: usize = 16;
+/// Below this many weight bytes × activation tiles the product runs on the calling thread only.
+const SERIAL_BYTES: usize = 24 * 1024;
+
+/// A row-major weight matrix in a ggml type: `rows` rows of `cols` elements (GGUF dims `[cols, rows]`).
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    /// Element type.
+    pub ty: GgmlType,
+    /// `rows * row_bytes()` bytes; row `r` starts at `r * row_bytes()`.
+    pub data: &'a [u8],
+    /// Number of rows (output features).
+    pub rows: usize,
+    /// Elements per row (input features).
+    pub cols: usize,
+}
+
+impl<'a> QMatrix<'a> {
+    /// Checks that `ty` is supported, `cols` is a whole number of blocks and `data` holds exactly
+    /// `rows` rows.
+    pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
+        if !is_supported(ty) {
+            return Err(KernelError::UnsupportedType(ty.name()));
+        }
+        let bad = |reason| KernelError::BadShape { ty: ty.name(), rows, cols, data_len: data.len(), reason };
+        if cols == 0 || cols % ty.block_size() != 0 {
+            return Err(bad("cols is not a positive multiple of the block size"));
+        }
+        let expected = (cols / ty.block_size()).checked_mul(ty.type_size()).and_then(|rb| rb.checked_mul(rows));
+        if expected != Some(data.len()) {
+            return Err(bad("data length is not rows * row_bytes"));
+        }
+        Ok(QMatrix { ty, data, rows, cols })
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.type_size()
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+}
+
+/// Reusable buffers for quantized activations; they grow to the largest product seen and never shrink.
+#[derive(Default)]
+pub struct MatmulScratch {
+    acts: ActBuffers,
+}
+
+/// A raw output pointer shared by the threads of one product, each writing disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: used only inside `matmul`/`matmul_rows`, where every thread writes a disjoint set of indices
+// of a slice that outlives the parallel region.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out[t * w.rows + r] = sum_c W[r, c] * x[t * w.cols + c]` for `t < n_tokens`, `r < w.rows`, with the
+/// activations quantized exactly as ggml does for `w.ty`.
+///
+/// # Panics
+/// If `x` has fewer than `n_tokens * w.cols` or `out` fewer than `n_tokens * w.rows` elements.
+pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
+    matmul_isa(Isa::current(), pool, w, x, n_tokens, out, scratch)
+}
+
+/// [`matmul`] on a given instruction-set level (tests compare levels).
+pub(crate) fn matmul_isa(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    let (rows, cols, rb) = (w.rows, w.cols, w.row_bytes());
+    assert!(x.len() >= n_tokens * cols, "matmul: x has {} elements, need {n_tokens} x {cols}", x.len());
+    assert!(out.len() >= n_tokens * rows, "matmul: out has {} elements, need {n_tokens} x {rows}", out.len());
+    if n_tokens == 0 || rows == 0 {
+        return;
+    }
+    let (Some(kind), Some(kernel)) = (act_kind(w.ty), row_kernel(isa, w.ty)) else {
+        panic!("matmul: unsupported type {} (QMatrix::new rejects it)", w.ty.name());
+    };
+    scratch.acts.reserve(kind, n_tokens, cols);
+    scratch.acts.quantize_tokens(kind, x, cols, 0..n_tokens);
+    let acts = scratch.acts.view(kind, x, cols);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let work = |row_range: std::ops::Range<usize>| {
+        let out_ptr = out_ptr;
+        let mut tile = [0.0f32; ROW_CHUNK * TILE];
+        let mut r0 = row_range.start;
+        while r0 < row_range.end {
+            let r1 = (r0 + ROW_CHUNK).min(row_range.end);
+            let wr = &w.data[r0 * rb..r1 * rb];
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let nt = (n_tokens - t0).min(TILE);
+                let buf = &mut tile[..(r1 - r0) * nt];
+                kernel(wr, rb, &acts, t0, nt, buf);
+                for (i, r) in (r0..r1).enumerate() {
+                    for j in 0..nt {
+                        // SAFETY: r < rows and t0 + j < n_tokens, so the index is inside `out`
+                        // (checked above); rows are split disjointly between threads.
+                        unsafe { *out_ptr.0.add((t0 + j) * rows + r) = buf[i * nt + j] };
+                    }
+                }
+                t0 += nt;
+            }
+            r0 = r1;
+        }
+    };
+    let tiles = n_tokens.div_ceil(TILE);
+    let n = pool.n_threads();
+    if n == 1 || rows * rb * tiles < SERIAL_BYTES || rows < 2 {
+        work(0..rows);
+    } else {
+        pool.run(&|i, n| work(split_range(rows, i, n)));
+    }
+}
+
+/// `out[i] = row(row_ids[i]) · x` for one activation row `x` (`w.cols` elements).
+///
+/// # Panics
+/// If a row id is out of range, `x` is shorter than `w.cols` or `out` shorter than `row_ids`.
+pub fn matmul_rows(pool: &ThreadPool, w: &QMatrix, row_ids: &[u32], x: &[f32], out: &mut [f32], scratch: &mut MatmulScratch) {
+    matmul_rows_isa(Isa::current(), pool, w, row_ids, x, out, scratch)
+}
+
+/// [`matmul_rows`] on a given instruction-set level.
+pub(crate) fn matmul_rows_isa(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &QMatrix,
+    row_ids: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    let (cols, rb) = (w.cols, w.row_bytes());
+    assert!(x.len() >= cols, "matmul_rows: x has {} elements, need {cols}", x.len());
+    assert!(out.len() >= row_ids.len(), "matmul_rows: out has {} elements for {} ids", out.len(), row_ids.len());
+    if let Some(&bad) = row_ids.iter().find(|&&id| id as usize >= w.rows) {
+        panic!("matmul_rows: row id {bad} out of range (matrix has {} rows)", w.rows);
+    }
+    let (Some(kind), Some(kernel)) = (act_kind(w.ty), row_kernel(isa, w.ty)) else {
+        panic!("matmul_rows: unsupported type {} (QMatrix::new rejects it)", w.ty.name());
+    };
+    scratch.acts.reserve(kind, 1, cols);
+    scratch.acts.quantize_tokens(kind, x, cols, 0..1);
+    let acts = scratch.acts.view(kind, x, cols);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let work = |ids: std::ops::Range<usize>| {
+        let out_ptr = out_ptr;
+        for i in ids {
+            let r = row_ids[i] as usize;
+            let mut one = [0.0f32];
+            kernel(&w.data[r * rb..(r + 1) * rb], rb, &acts, 0, 1, &mut one);
+            // SAFETY: i < row_ids.len() <= out.len(); ids are split disjointly between threads.
+            unsafe { *out_ptr.0.add(i) = one[0] };
+        }
+    };
+    if pool.n_threads() == 1 || row_ids.len() * rb < SERIAL_BYTES || row_ids.len() < 2 {
+        work(0..row_ids.len());
+    } else {
+        pool.run(&|i, n| work(split_range(row_ids.len(), i, n)));
+    }
+}

@@ -1,0 +1,318 @@
+//! A small persistent thread pool tuned for the many tiny parallel regions of LLM decoding.
+//!
+//! [`ThreadPool::new(n)`](ThreadPool::new) starts `n - 1` worker threads; the thread that calls
+//! [`ThreadPool::run`] is thread 0 and takes part in the work. A job is published by bumping an atomic
+//! generation counter; workers spin on it briefly (decode issues a matmul every few microseconds), then
+//! yield, then park. No allocation happens per call. A panic inside the job is caught on every thread and
+//! re-raised on the caller once all threads are done, so the pool never deadlocks.
+//!
+//! [`parallel_for`] splits `0..n_items` into one contiguous range per thread.
+
+use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// The job as workers see it: a pointer to the caller's `&dyn Fn` (valid until every worker is done).
+type JobRef<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// How long an idle worker spins on the generation counter before it starts yielding, then parking.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How long the caller spins waiting for workers before yielding (a worker may be descheduled).
+const WAIT_SPIN_FOR: Duration = Duration::from_micros(20);
+const YIELD_FOR: Duration = Duration::from_millis(3);
+
+struct Shared {
+    /// Bumped once per job; workers run the job when they see a new value.
+    generation: AtomicUsize,
+    /// Workers that finished the current job.
+    done: AtomicUsize,
+    /// Points at a `JobRef` on the caller's stack while a job runs.
+    job: AtomicPtr<()>,
+    shutdown: AtomicBool,
+    /// First panic payload caught on a worker during the current job.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    n_threads: usize,
+    /// One flag per worker: set while that worker is (about to be) parked.
+    sleeping: Box<[AtomicBool]>,
+}
+
+/// A fixed set of threads that all run each job given to [`ThreadPool::run`].
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<(JoinHandle<()>, Thread)>,
+    /// Serialises concurrent callers; a nested call from inside a job runs serially instead.
+    busy: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool of `n_threads` threads in total (`n_threads - 1` workers plus the caller); 0 counts as 1.
+    pub fn new(n_threads: usize) -> ThreadPool {
+        let n_threads = n_threads.max(1);
+        let shared = Arc::new(Shared {
+            generation: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            shutdown: AtomicBool::new(false),
+            panic: Mutex::new(None),
+            n_threads,
+            sleeping: (1..n_threads).map(|_| AtomicBool::new(false)).collect(),
+        });
+        let workers = (1..n_threads)
+            .map(|index| {
+                let shared = Arc::clone(&shared);
+                let handle = thread::Builder::new()
+                    .name(format!("specee-kernel-{index}"))
+                    .spawn(move || worker_loop(&shared, index))
+                    .unwrap_or_else(|e| panic!("cannot spawn kernel worker thread {index}: {e}"));
+                let thread = handle.thread().clone();
+                (handle, thread)
+            })
+            .collect();
+        ThreadPool { shared, workers, busy: Mutex::new(()) }
+    }
+
+    /// Number of threads that run each job (workers + the caller).
+    pub fn n_threads(&self) -> usize {
+        self.shared.n_threads
+    }
+
+    /// Runs `f(thread_index, n_threads)` once on every thread and returns when all calls are done.
+    /// A panic in any call is re-raised here after all threads finished.
+    pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        let n = self.shared.n_threads;
+        if n == 1 {
+            f(0, 1);
+            return;
+        }
+        // A nested or concurrent call must not wait on workers that are busy with the outer job.
+        let Ok(_guard) = self.busy.try_lock().or_else(|e| match e {
+            std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
+            std::sync::TryLockError::WouldBlock => Err(()),
+        }) else {
+            for i in 0..n {
+                f(i, n);
+            }
+            return;
+        };
+        let shared = &*self.shared;
+        let job: JobRef<'_> = f;
+        shared.done.store(0, Ordering::Relaxed);
+        shared.job.store(&job as *const JobRef<'_> as *mut (), Ordering::Relaxed);
+        shared.generation.fetch_add(1, Ordering::SeqCst);
+        for (i, (_, thread)) in self.workers.iter().enumerate() {
+            if shared.sleeping[i].load(Ordering::SeqCst) {
+                thread.unpark();
+            }
+        }
+        let own = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        // Wait for the workers: spin first, then yield (a worker may have been descheduled).
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while shared.done.load(Ordering::Acquire) < n - 1 {
+            spins = spins.wrapping_add(1);
+            if spins % 32 != 0 || start.elapsed() < WAIT_SPIN_FOR {
+                std::hint::spin_loop();
+            } else {
+                thread::yield_now();
+            }
+        }
+        shared.job.store(std::ptr::null_mut(), Ordering::Relaxed);
+        let worker_panic = shared.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Err(payload) = own {
+            resume_unwind(payload);
+        }
+        if let Some(payload) = worker_panic {
+            resume_unwind(payload);
+        }
+    }
+}
+
+fn worker_loop(shared: &Shared, index: usize) {
+    let mut seen = 0usize;
+    let sleeping = &shared.sleeping[index - 1];
+    loop {
+        // Wait for a new generation.
+        let start = Instant::now();
+        let mut spins = 0u32;
+        let generation = loop {
+            let g = shared.generation.load(Ordering::Acquire);
+            if g != seen || shared.shutdown.load(Ordering::Acquire) {
+                break g;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let waited = start.elapsed();
+            if waited < SPIN_FOR {
+                std::hint::spin_loop();
+            } else if waited < YIELD_FOR {
+                thread::yield_now();
+            } else {
+                sleeping.store(true, Ordering::SeqCst);
+                // Re-check after announcing sleep: the caller checks `sleeping` after bumping.
+                if shared.generation.load(Ordering::SeqCst) == seen && !shared.shutdown.load(Ordering::SeqCst) {
+                    thread::park_timeout(Duration::from_millis(100));
+                }
+                sleeping.store(false, Ordering::SeqCst);
+            }
+        };
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = generation;
+        let ptr = shared.job.load(Ordering::Relaxed) as *const JobRef<'_>;
+        // SAFETY: the caller published `job` before bumping `generation` (Release/Acquire) and keeps
+        // the referenced closure alive until `done` reaches n - 1, which happens only after this call.
+        let job: JobRef<'_> = unsafe { *ptr };
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(index, shared.n_threads))) {
+            let mut slot = shared.panic.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(payload);
+            }
+        }
+        shared.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for (_, thread) in &self.workers {
+            thread.unpark();
+        }
+        for (handle, _) in self.workers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The `index`-th of `parts` near-equal contiguous pieces of `0..n_items`.
+pub fn split_range(n_items: usize, index: usize, parts: usize) -> std::ops::Range<usize> {
+    let parts = parts.max(1);
+    let base = n_items / parts;
+    let extra = n_items % parts;
+    let start = index * base + index.min(extra);
+    let len = base + usize::from(index < extra);
+    start.min(n_items)..(start + len).min(n_items)
+}
+
+/// Calls `f` on one contiguous, non-empty piece of `0..n_items` per thread (pieces differ by at most one).
+pub fn parallel_for(pool: &ThreadPool, n_items: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    if n_items == 0 {
+        return;
+    }
+    if n_items == 1 || pool.n_threads() == 1 {
+        f(0..n_items);
+        return;
+    }
+    pool.run(&|index, n| {
+        let range = split_range(n_items, index, n);
+        if !range.is_empty() {
+            f(range);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn many_quick_runs_complete() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            let counter = AtomicU64::new(0);
+            let start = Instant::now();
+            for _ in 0..100_000 {
+                pool.run(&|_, _| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            eprintln!("{threads} threads: {:?} per run", start.elapsed() / 100_000);
+            assert_eq!(counter.load(Ordering::Relaxed), 100_000 * threads as u64);
+        }
+    }
+
+    #[test]
+    fn every_index_runs_once() {
+        for threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(threads);
+            let seen: Vec<AtomicUsize> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|i, n| {
+                assert_eq!(n, threads);
+                seen[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn parallel_for_covers_range_once() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for n_items in [0, 1, 2, 3, 7, 100] {
+                let hits: Vec<AtomicUsize> = (0..n_items).map(|_| AtomicUsize::new(0)).collect();
+                parallel_for(&pool, n_items, |range| {
+                    for i in range {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn sum_is_correct_with_parked_workers() {
+        let pool = ThreadPool::new(3);
+        let data: Vec<u64> = (0..10_000).collect();
+        for round in 0..3 {
+            if round > 0 {
+                thread::sleep(Duration::from_millis(10)); // let workers park
+            }
+            let total = AtomicU64::new(0);
+            parallel_for(&pool, data.len(), |range| {
+                total.fetch_add(data[range].iter().sum(), Ordering::Relaxed);
+            });
+            assert_eq!(total.load(Ordering::Relaxed), data.iter().sum::<u64>());
+        }
+    }
+
+    #[test]
+    fn panic_is_reraised_without_deadlock() {
+        let pool = ThreadPool::new(3);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(&|i, _| {
+                if i == 1 {
+                    panic!("boom");
+                }
+            })
+        }));
+        assert!(result.is_err());
+        // The pool still works afterwards.
+        let counter = AtomicUsize::new(0);
+        pool.run(&|_, _| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(counter.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn nested_run_does_not_deadlock() {
+        let pool = ThreadPool::new(2);
+        let counter = AtomicUsize::new(0);
+        pool.run(&|_, _| {
+            pool.run(&|_, _| {
+                counter.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        // Outer job runs on 2 threads; one nested call gets the pool (2 calls), the other runs serially (2).
+        assert_eq!(counter.load(Ordering::Relaxed), 4);
+    }
+}

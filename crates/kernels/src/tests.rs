@@ -1,0 +1,200 @@
+//! Cross-module tests: matmul against an f32 reference, every SIMD level against scalar, matmul_rows,
+//! thread counts.
+
+use crate::dequant::testutil::{random_weights, Rng};
+use crate::kernel::Isa;
+use crate::matmul::{matmul_isa, matmul_rows_isa};
+use crate::quantize::{act_kind, ActBuffers, ActKind};
+use crate::*;
+
+const TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+const TOKEN_COUNTS: [usize; 7] = [1, 2, 3, 5, 8, 13, 16];
+
+fn random_x(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.f32() * if rng.byte() < 8 { 6.0 } else { 1.0 }).collect()
+}
+
+fn dequantized(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut w = vec![0.0; rows * cols];
+    dequantize_row(ty, data, &mut w);
+    w
+}
+
+/// The activations as the kernels see them (dequantized), and for Q8_1 the per-block `s`.
+fn dequantized_acts(ty: GgmlType, x: &[f32], n_tokens: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let kind = act_kind(ty).unwrap();
+    let mut buf = ActBuffers::default();
+    buf.reserve(kind, n_tokens, cols);
+    buf.quantize_tokens(kind, x, cols, 0..n_tokens);
+    let a = buf.view(kind, x, cols);
+    let block = cols / a.nb;
+    let values = (0..n_tokens * cols)
+        .map(|i| match kind {
+            ActKind::F32 | ActKind::F16 | ActKind::BF16 => a.f[i],
+            _ => a.qs[i] as f32 * a.d[i / block],
+        })
+        .collect();
+    (values, a.s[..if kind == ActKind::Q8_1 { n_tokens * a.nb } else { 0 }].to_vec())
+}
+
+/// For Q4_1/Q5_1 the block minimum `m` of each block (its term uses the activation's f16 `s`).
+fn block_mins(ty: GgmlType, data: &[u8]) -> Vec<f32> {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => data.chunks_exact(ty.type_size()).map(|b| blocks::read_f16(b, 2)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[test]
+fn matmul_matches_reference_on_quantized_activations() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let pool = ThreadPool::new(2);
+    let mut scratch = MatmulScratch::default();
+    for ty in TYPES {
+        let (rows, cols) = (37, 512);
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+        let wf = dequantized(ty, &data, rows, cols);
+        let mins = block_mins(ty, &data);
+        let n_tokens = 5;
+        let x = random_x(n_tokens * cols, &mut rng);
+        let (xq, s) = dequantized_acts(ty, &x, n_tokens, cols);
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+            let mut out = vec![0.0; n_tokens * rows];
+            matmul_isa(isa, &pool, &w, &x, n_tokens, &mut out, &mut scratch);
+            for t in 0..n_tokens {
+                for r in 0..rows {
+                    let (mut exact, mut bound, mut loose) = (0.0f64, 0.0f64, 0.0f64);
+                    for c in 0..cols {
+                        let mut wv = wf[r * cols + c] as f64;
+                        loose += wv * x[t * cols + c] as f64;
+                        if !mins.is_empty() {
+                            wv -= mins[(r * cols + c) / 32] as f64;
+                        }
+                        exact += wv * xq[t * cols + c] as f64;
+                        bound += (wv * xq[t * cols + c] as f64).abs();
+                    }
+                    for b in 0..mins.len() / rows {
+                        let term = mins[r * cols / 32 + b] as f64 * s[t * cols / 32 + b] as f64;
+                        exact += term;
+                        bound += term.abs();
+                    }
+                    let got = out[t * rows + r] as f64;
+                    assert!(
+                        (got - exact).abs() <= 2e-5 * bound + 1e-5,
+                        "{ty} {isa:?} t={t} r={r}: {got} vs {exact} (bound {bound})"
+                    );
+                    // Against unquantized activations: within activation quantization error.
+                    assert!((got - loose).abs() <= 0.02 * bound + 1e-3, "{ty} {isa:?} t={t} r={r}: {got} vs f32 {loose}");
+                }
+            }
+        }
+    }
+}
+
+/// |W| · |x| per output, the scale for comparing two summation orders.
+fn magnitude(wf: &[f32], x: &[f32], rows: usize, cols: usize, n_tokens: usize) -> Vec<f64> {
+    let mut m = vec![0.0; n_tokens * rows];
+    for t in 0..n_tokens {
+        for r in 0..rows {
+            m[t * rows + r] =
+                (0..cols).map(|c| (wf[r * cols + c] as f64 * x[t * cols + c] as f64).abs()).sum::<f64>();
+        }
+    }
+    m
+}
+
+#[test]
+fn simd_levels_match_scalar_on_ragged_shapes() {
+    let mut rng = Rng(0xdead_beef_1234_5678);
+    let pool = ThreadPool::new(3);
+    let mut scratch = MatmulScratch::default();
+    let levels: Vec<Isa> = [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()).collect();
+    for ty in TYPES {
+        let cols_options: &[usize] = if ty.block_size() == 256 { &[256, 768] } else { &[32, 96, 576] };
+        for &cols in cols_options {
+            for rows in [1, 7, 19, 70] {
+                let data = random_weights(ty, rows, cols, &mut rng);
+                let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+                let wf = dequantized(ty, &data, rows, cols);
+                for n_tokens in TOKEN_COUNTS {
+                    let x = random_x(n_tokens * cols, &mut rng);
+                    let mag = magnitude(&wf, &x, rows, cols, n_tokens);
+                    let mut want = vec![0.0; n_tokens * rows];
+                    matmul_isa(Isa::Scalar, &pool, &w, &x, n_tokens, &mut want, &mut scratch);
+                    for &isa in &levels {
+                        let mut got = vec![f32::NAN; n_tokens * rows];
+                        matmul_isa(isa, &pool, &w, &x, n_tokens, &mut got, &mut scratch);
+                        for i in 0..got.len() {
+                            assert!(
+                                ((got[i] - want[i]) as f64).abs() <= 1e-5 * mag[i] + 1e-6,
+                                "{ty} {isa:?} {rows}x{cols} n={n_tokens} i={i}: {} vs {}",
+                                got[i],
+                                want[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rows_equals_matmul_and_threads_agree() {
+    let mut rng = Rng(42);
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    let mut scratch = MatmulScratch::default();
+    for ty in TYPES {
+        let (rows, cols) = (300, 512);
+        let data = random_weights(ty, rows, cols, &mut rng);
+        let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+            let n_tokens = 9;
+            let x = random_x(n_tokens * cols, &mut rng);
+            let mut first: Option<Vec<f32>> = None;
+            for pool in &pools {
+                let mut out = vec![0.0; n_tokens * rows];
+                matmul_isa(isa, pool, &w, &x, n_tokens, &mut out, &mut scratch);
+                match &first {
+                    None => first = Some(out),
+                    Some(f) => assert_eq!(f, &out, "{ty} {isa:?} threads={}", pool.n_threads()),
+                }
+            }
+            let full = first.unwrap();
+            let ids: Vec<u32> = (0..rows as u32).rev().step_by(3).collect();
+            for pool in &pools {
+                let mut out = vec![0.0; ids.len()];
+                matmul_rows_isa(isa, pool, &w, &ids, &x[..cols], &mut out, &mut scratch);
+                for (i, &id) in ids.iter().enumerate() {
+                    assert_eq!(out[i], full[id as usize], "{ty} {isa:?} row {id}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qmatrix_validates_shapes() {
+    let data = vec![0u8; 2 * 18];
+    assert!(QMatrix::new(GgmlType::Q4_0, &data, 1, 64).is_ok());
+    assert!(matches!(QMatrix::new(GgmlType::Q4_0, &data, 2, 64), Err(KernelError::BadShape { .. })));
+    assert!(matches!(QMatrix::new(GgmlType::Q4_0, &data, 1, 48), Err(KernelError::BadShape { .. })));
+    assert!(matches!(QMatrix::new(GgmlType::IQ2_XXS, &data, 1, 256), Err(KernelError::UnsupportedType("IQ2_XXS"))));
+    assert_eq!(QMatrix::new(GgmlType::Q4_0, &data, 1, 64).unwrap().row_bytes(), 36);
+}

@@ -1,0 +1,169 @@
+//! Small f32 building blocks shared by every architecture: RMS norm, rotary embeddings, softmax and the gate
+//! activations. Written as plain loops the compiler vectorises; the heavy work (matrix products) lives in the
+//! `kernels` crate.
+
+use crate::config::RopeStyle;
+
+/// `out = x / rms(x) * weight`, with `rms(x) = sqrt(mean(x²) + eps)`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mut sum = 0f32;
+    for &v in x {
+        sum += v * v;
+    }
+    let scale = 1.0 / (sum / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// [`rms_norm`] in place.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mut sum = 0f32;
+    for &v in x.iter() {
+        sum += v * v;
+    }
+    let scale = 1.0 / (sum / x.len() as f32 + eps).sqrt();
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
+/// Inverse frequencies `base^(-2i/dims)` for `i < dims/2`.
+pub fn rope_inv_freq(base: f32, dims: usize) -> Vec<f32> {
+    (0..dims / 2).map(|i| base.powf(-2.0 * i as f32 / dims as f32)).collect()
+}
+
+/// Fills `cos`/`sin` (each `inv_freq.len()` long) for one position.
+pub fn rope_angles(pos: u32, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32]) {
+    for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(inv_freq) {
+        let theta = pos as f32 * f;
+        *c = theta.cos();
+        *s = theta.sin();
+    }
+}
+
+/// Rotates the first `2 * cos.len()` dimensions of one head in place.
+pub fn rope_apply(head: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    match style {
+        RopeStyle::Normal => {
+            for i in 0..half {
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * cos[i] - b * sin[i];
+                head[2 * i + 1] = a * sin[i] + b * cos[i];
+            }
+        }
+        RopeStyle::Neox => {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+}
+
+/// Softmax in place; returns nothing. An empty slice is left alone.
+pub fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return;
+    }
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SiLU: `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (as ggml's `gelu`).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+/// Dot product of two equal-length slices.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight accumulators let the compiler vectorise without reassociation flags.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+/// `y += a * x`.
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_weight_has_unit_rms() {
+        let x = [1.0, -2.0, 3.0, -4.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0; 4], 0.0, &mut out);
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let inv = rope_inv_freq(10000.0, 8);
+        let (mut c, mut s) = (vec![0.0; 4], vec![0.0; 4]);
+        rope_angles(0, &inv, &mut c, &mut s);
+        let mut h = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let orig = h;
+        rope_apply(&mut h, &c, &s, RopeStyle::Neox);
+        assert_eq!(h, orig);
+        rope_angles(17, &inv, &mut c, &mut s);
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            let mut h2 = orig;
+            rope_apply(&mut h2, &c, &s, style);
+            let n1: f32 = orig.iter().map(|v| v * v).sum();
+            let n2: f32 = h2.iter().map(|v| v * v).sum();
+            assert!((n1 - n2).abs() < 1e-3);
+            assert_ne!(h2, orig);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_handles_masked() {
+        let mut x = [1.0, 2.0, f32::NEG_INFINITY, 0.5];
+        softmax_in_place(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[2], 0.0);
+    }
+
+    #[test]
+    fn activations_match_known_values() {
+        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert_eq!(gelu_tanh(0.0), 0.0);
+    }
+}

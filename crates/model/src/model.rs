@@ -1,0 +1,348 @@
+//! The model and its **per-layer step API** — the one forward pass every decoding strategy builds on:
+//!
+//! | step | what it does |
+//! | --- | --- |
+//! | [`Model::embed`] | token ids → hidden rows (`n × n_embd`) |
+//! | [`Model::layer`] | one transformer block over `n` rows at given positions, reading and extending that layer's KV cache, under a [`Mask`] |
+//! | [`Model::final_norm`] | output RMS norm of hidden rows |
+//! | [`Model::head_full`] | full-vocabulary logits of normed rows |
+//! | [`Model::head_rows`] | logits of a few chosen token ids only (a handful of head rows, not the vocabulary) |
+//!
+//! [`Model::forward`] chains them for the common case (all layers, causal, logits for chosen rows).
+
+use crate::arch;
+use crate::blocks::{axpy, dot, gelu_tanh, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq, silu, softmax_in_place};
+use crate::config::{Activation, Config};
+use crate::error::ModelError;
+use crate::kv_cache::KvCache;
+use crate::weights::{Matrix, Weights};
+use crate::workspace::{grow, Workspace};
+use gguf::GgufFile;
+use kernels::{matmul, matmul_rows, QMatrix};
+use std::path::Path;
+
+/// Which earlier rows of the same batch each new row may attend to. Every row always sees all slots
+/// already in the cache (subject to the sliding window).
+#[derive(Clone, Copy, Debug)]
+pub enum Mask<'a> {
+    /// Row `j` sees new rows `0..=j`.
+    Causal,
+    /// Row `j` sees new row `m` iff `allowed[j * n + m]` (a draft tree's ancestor mask; the diagonal must be set).
+    Allowed(&'a [bool]),
+}
+
+/// Which rows [`Model::forward`] computes logits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last row.
+    Last,
+    /// Every row.
+    All,
+    /// None (prefill only).
+    None,
+}
+
+/// A loaded model: hyperparameters, weight handles and the memory-mapped file they point into.
+pub struct Model {
+    pub config: Config,
+    pub weights: Weights,
+    file: GgufFile,
+    rope_inv: Vec<f32>,
+    rope_inv_swa: Vec<f32>,
+}
+
+/// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+impl SharedMut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl Model {
+    /// Opens a GGUF file and loads the model it holds.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Model::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// Loads the model held by an opened GGUF file.
+    pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
+        let config = arch::config_from_gguf(&file)?;
+        let weights = arch::load_weights(&file, &config)?;
+        let rope_inv = rope_inv_freq(config.rope_base, config.rope_dims);
+        let rope_inv_swa = rope_inv_freq(config.rope_base_swa, config.rope_dims);
+        Ok(Model { config, weights, file, rope_inv, rope_inv_swa })
+    }
+
+    /// The GGUF file (metadata, e.g. for the tokenizer).
+    pub fn gguf(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// A KV cache sized for `capacity` tokens.
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::new(&self.config, capacity)
+    }
+
+    fn qmatrix<'a>(&'a self, m: &Matrix) -> QMatrix<'a> {
+        QMatrix { ty: m.ty, data: self.file.tensor_bytes(&m.info), rows: m.rows, cols: m.cols }
+    }
+
+    /// Writes the embeddings of `tokens` into `out` (`tokens.len() × n_embd`).
+    pub fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<(), ModelError> {
+        let d = self.config.n_embd;
+        let emb = &self.weights.token_embd;
+        let bytes = self.file.tensor_bytes(&emb.info);
+        let rb = emb.row_bytes();
+        for (i, &t) in tokens.iter().enumerate() {
+            if t as usize >= emb.rows {
+                return Err(ModelError::BadToken { id: t, vocab: emb.rows });
+            }
+            let row = &bytes[t as usize * rb..(t as usize + 1) * rb];
+            let dst = &mut out[i * d..(i + 1) * d];
+            kernels::dequantize_row(emb.ty, row, dst);
+            if self.config.embed_scale != 1.0 {
+                dst.iter_mut().for_each(|v| *v *= self.config.embed_scale);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs transformer block `il` over the `n = positions.len()` rows of `x` (`n × n_embd`, updated in place).
+    /// The rows' keys and values are appended to layer `il` of `kv` (at slots `kv.len(il)..+n`); each row
+    /// attends to every earlier slot of that layer and to the new rows that `mask` allows.
+    pub fn layer(
+        &self,
+        il: usize,
+        x: &mut [f32],
+        positions: &[u32],
+        mask: Mask,
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let lw = &self.weights.layers[il];
+        let n = positions.len();
+        let d = c.n_embd;
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let hd = c.head_dim;
+        let hdv = c.head_dim_v;
+        let vd = c.n_head_kv * hdv;
+        let att_d = c.n_head * hdv;
+        kv.check_room(il, n)?;
+        if let Mask::Allowed(a) = mask {
+            assert_eq!(a.len(), n * n, "mask must be n×n");
+        }
+
+        grow(&mut ws.h, n * d);
+        grow(&mut ws.q, n * qd);
+        grow(&mut ws.k, n * kvd);
+        grow(&mut ws.v, n * vd);
+        grow(&mut ws.att, n * att_d);
+        grow(&mut ws.o, n * d);
+        grow(&mut ws.gate, n * c.n_ff);
+        grow(&mut ws.up, n * c.n_ff);
+        grow(&mut ws.cos, c.rope_dims / 2);
+        grow(&mut ws.sin, c.rope_dims / 2);
+
+        // Attention block.
+        for r in 0..n {
+            rms_norm(&x[r * d..(r + 1) * d], &lw.attn_norm, c.rms_eps, &mut ws.h[r * d..(r + 1) * d]);
+        }
+        let pool = &ws.pool;
+        matmul(pool, &self.qmatrix(&lw.wq), &ws.h[..n * d], n, &mut ws.q[..n * qd], &mut ws.mm);
+        matmul(pool, &self.qmatrix(&lw.wk), &ws.h[..n * d], n, &mut ws.k[..n * kvd], &mut ws.mm);
+        matmul(pool, &self.qmatrix(&lw.wv), &ws.h[..n * d], n, &mut ws.v[..n * vd], &mut ws.mm);
+        for (buf, bias, width) in [(&mut ws.q, &lw.bq, qd), (&mut ws.k, &lw.bk, kvd), (&mut ws.v, &lw.bv, vd)] {
+            if let Some(b) = bias {
+                for r in 0..n {
+                    buf[r * width..(r + 1) * width].iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                }
+            }
+        }
+        let swa = c.layer_is_swa.get(il).copied().unwrap_or(false);
+        let inv = if swa { &self.rope_inv_swa } else { &self.rope_inv };
+        let half = c.rope_dims / 2;
+        for r in 0..n {
+            rope_angles(positions[r], inv, &mut ws.cos[..half], &mut ws.sin[..half]);
+            for h in 0..c.n_head {
+                let head = &mut ws.q[r * qd + h * hd..r * qd + (h + 1) * hd];
+                if let Some(w) = &lw.q_norm {
+                    rms_norm_in_place(head, w, c.rms_eps);
+                }
+                rope_apply(head, &ws.cos[..half], &ws.sin[..half], c.rope_style);
+            }
+            for h in 0..c.n_head_kv {
+                let head = &mut ws.k[r * kvd + h * hd..r * kvd + (h + 1) * hd];
+                if let Some(w) = &lw.k_norm {
+                    rms_norm_in_place(head, w, c.rms_eps);
+                }
+                rope_apply(head, &ws.cos[..half], &ws.sin[..half], c.rope_style);
+            }
+        }
+
+        // llama.cpp keeps K and V in f16 and rounds queries to f16 for the K·Q products; doing the same keeps
+        // our logits within a few hundredths of its own.
+        for v in ws.q[..n * qd].iter_mut().chain(ws.k[..n * kvd].iter_mut()).chain(ws.v[..n * vd].iter_mut()) {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
+        // Append this batch's keys and values to the cache.
+        let base = kv.len(il);
+        let total = base + n;
+        {
+            let lc = kv.layer_mut(il);
+            lc.k[base * kvd..total * kvd].copy_from_slice(&ws.k[..n * kvd]);
+            lc.v[base * vd..total * vd].copy_from_slice(&ws.v[..n * vd]);
+            lc.pos[base..total].copy_from_slice(positions);
+            lc.len = total;
+        }
+
+        // Attention: one task per (row, head), spread over the pool.
+        let n_threads = ws.pool.n_threads();
+        grow(&mut ws.scores, n_threads * total);
+        let lc = kv.layer_mut(il);
+        let (kc, vc, pc) = (&lc.k[..], &lc.v[..], &lc.pos[..]);
+        let window = if swa { c.sliding_window } else { None };
+        let group = c.n_head / c.n_head_kv;
+        let scale = c.attn_scale;
+        let q = &ws.q[..];
+        let att = SharedMut(ws.att.as_mut_ptr());
+        let scores = SharedMut(ws.scores.as_mut_ptr());
+        let n_tasks = n * c.n_head;
+        ws.pool.run(&|tid, nt| {
+            let per = n_tasks.div_ceil(nt);
+            // SAFETY: each thread owns its scores slice and writes only the att rows of its own tasks.
+            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(tid * total), total) };
+            for task in tid * per..((tid + 1) * per).min(n_tasks) {
+                let (j, h) = (task / c.n_head, task % c.n_head);
+                let kvh = h / group;
+                let qv = &q[j * qd + h * hd..j * qd + (h + 1) * hd];
+                let pj = positions[j];
+                for s in 0..total {
+                    let visible = if s < base {
+                        true
+                    } else {
+                        let m = s - base;
+                        match mask {
+                            Mask::Causal => m <= j,
+                            Mask::Allowed(a) => a[j * n + m],
+                        }
+                    } && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64);
+                    sc[s] = if visible {
+                        dot(qv, &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd]) * scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                }
+                softmax_in_place(sc);
+                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(j * att_d + h * hdv), hdv) };
+                out.fill(0.0);
+                for s in 0..total {
+                    if sc[s] > 0.0 {
+                        axpy(sc[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
+                    }
+                }
+            }
+        });
+        let _ = n_threads;
+
+        let pool = &ws.pool;
+        matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);
+        self.residual(x, &mut ws.o[..n * d], lw.post_attn_norm.as_deref(), n);
+
+        // Feed-forward block.
+        for r in 0..n {
+            rms_norm(&x[r * d..(r + 1) * d], &lw.ffn_norm, c.rms_eps, &mut ws.h[r * d..(r + 1) * d]);
+        }
+        let ff = c.n_ff;
+        matmul(pool, &self.qmatrix(&lw.w_gate), &ws.h[..n * d], n, &mut ws.gate[..n * ff], &mut ws.mm);
+        matmul(pool, &self.qmatrix(&lw.w_up), &ws.h[..n * d], n, &mut ws.up[..n * ff], &mut ws.mm);
+        let act: fn(f32) -> f32 = match c.activation {
+            Activation::Silu => silu,
+            Activation::GeluTanh => gelu_tanh,
+        };
+        for (g, &u) in ws.gate[..n * ff].iter_mut().zip(&ws.up[..n * ff]) {
+            *g = act(*g) * u;
+        }
+        matmul(pool, &self.qmatrix(&lw.w_down), &ws.gate[..n * ff], n, &mut ws.o[..n * d], &mut ws.mm);
+        self.residual(x, &mut ws.o[..n * d], lw.post_ffn_norm.as_deref(), n);
+        Ok(())
+    }
+
+    /// `x += post_norm(o)` row by row.
+    fn residual(&self, x: &mut [f32], o: &mut [f32], post_norm: Option<&[f32]>, n: usize) {
+        let d = self.config.n_embd;
+        for r in 0..n {
+            let orow = &mut o[r * d..(r + 1) * d];
+            if let Some(w) = post_norm {
+                rms_norm_in_place(orow, w, self.config.rms_eps);
+            }
+            x[r * d..(r + 1) * d].iter_mut().zip(orow.iter()).for_each(|(a, b)| *a += b);
+        }
+    }
+
+    /// Output RMS norm of `n` hidden rows.
+    pub fn final_norm(&self, x: &[f32], out: &mut [f32]) {
+        let d = self.config.n_embd;
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            rms_norm(xr, &self.weights.output_norm, self.config.rms_eps, or);
+        }
+    }
+
+    /// Full-vocabulary logits of `n` normed rows into `logits` (`n × vocab`).
+    pub fn head_full(&self, normed: &[f32], n: usize, logits: &mut [f32], ws: &mut Workspace) {
+        let v = self.config.vocab_size;
+        matmul(&ws.pool, &self.qmatrix(&self.weights.output), &normed[..n * self.config.n_embd], n, &mut logits[..n * v], &mut ws.mm);
+    }
+
+    /// Logits of the tokens `ids` only, for one normed row.
+    pub fn head_rows(&self, normed: &[f32], ids: &[u32], out: &mut [f32], ws: &mut Workspace) {
+        matmul_rows(&ws.pool, &self.qmatrix(&self.weights.output), ids, &normed[..self.config.n_embd], &mut out[..ids.len()], &mut ws.mm);
+    }
+
+    /// Runs `tokens` through every layer at positions `kv.seq_len()..`, causally, and returns the logits of the
+    /// rows `which` asks for (`rows × vocab`, borrowed from the workspace). `hidden` receives the final
+    /// (un-normed) hidden rows.
+    pub fn forward<'w>(
+        &self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        ws: &'w mut Workspace,
+        hidden: &mut Vec<f32>,
+        which: Logits,
+    ) -> Result<&'w [f32], ModelError> {
+        let n = tokens.len();
+        let d = self.config.n_embd;
+        if n == 0 {
+            return Ok(&ws.logits[..0]);
+        }
+        let start = kv.seq_len();
+        if start + n > kv.capacity() {
+            return Err(ModelError::ContextFull { needed: start + n, capacity: kv.capacity() });
+        }
+        hidden.resize(n * d, 0.0);
+        self.embed(tokens, hidden)?;
+        let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
+        for il in 0..self.config.n_layers {
+            self.layer(il, hidden, &positions, Mask::Causal, kv, ws)?;
+        }
+        let (first, rows) = match which {
+            Logits::Last => (n - 1, 1),
+            Logits::All => (0, n),
+            Logits::None => return Ok(&ws.logits[..0]),
+        };
+        let v = self.config.vocab_size;
+        let mut normed = std::mem::take(&mut ws.normed);
+        grow(&mut normed, rows * d);
+        self.final_norm(&hidden[first * d..(first + rows) * d], &mut normed[..rows * d]);
+        let mut logits = std::mem::take(&mut ws.logits);
+        grow(&mut logits, rows * v);
+        self.head_full(&normed, rows, &mut logits, ws);
+        ws.normed = normed;
+        ws.logits = logits;
+        Ok(&ws.logits[..rows * v])
+    }
+}
