@@ -1,0 +1,152 @@
+//! Bad input never panics or hangs: each case exits non-zero with one `error: …` line naming the problem.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specee-bad-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// A minimal GGUF (version 3, no alignment padding needed without tensors) with the given string metadata.
+fn gguf_with(meta: &[(&str, &str)], u32s: &[(&str, u32)], tensor: Option<(&str, &[u64], u32, usize)>) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&(tensor.is_some() as u64).to_le_bytes());
+    b.extend_from_slice(&((meta.len() + u32s.len()) as u64).to_le_bytes());
+    let s = |b: &mut Vec<u8>, t: &str| {
+        b.extend_from_slice(&(t.len() as u64).to_le_bytes());
+        b.extend_from_slice(t.as_bytes());
+    };
+    for (k, v) in meta {
+        s(&mut b, k);
+        b.extend_from_slice(&8u32.to_le_bytes());
+        s(&mut b, v);
+    }
+    for (k, v) in u32s {
+        s(&mut b, k);
+        b.extend_from_slice(&4u32.to_le_bytes());
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    if let Some((name, dims, ty, n_bytes)) = tensor {
+        s(&mut b, name);
+        b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend_from_slice(&d.to_le_bytes());
+        }
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        b.extend(std::iter::repeat_n(0u8, n_bytes));
+    }
+    b
+}
+
+fn assert_clean_error(args: &[&str], expect: &str) {
+    let o = specee(args, Duration::from_secs(60));
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} succeeded; stderr: {err}");
+    assert_eq!(o.status.code(), Some(1), "{args:?}: exit status {:?}; stderr: {err}", o.status);
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one error line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{args:?}: {err}");
+    assert!(lines[0].to_lowercase().contains(&expect.to_lowercase()), "{args:?}: expected '{expect}' in: {err}");
+}
+
+fn generate(path: &Path) -> Vec<String> {
+    vec!["generate".into(), "-m".into(), path.display().to_string(), "-p".into(), "hello".into(), "-n".into(), "4".into()]
+}
+
+fn run_generate(path: &Path, expect: &str) {
+    let args = generate(path);
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    assert_clean_error(&args, expect);
+}
+
+#[test]
+fn missing_file() {
+    run_generate(Path::new("/nonexistent/model.gguf"), "not found");
+}
+
+#[test]
+fn empty_file() {
+    let p = tmp("empty.gguf");
+    std::fs::write(&p, b"").unwrap();
+    run_generate(&p, "empty");
+}
+
+#[test]
+fn random_bytes() {
+    let p = tmp("random.gguf");
+    let mut x = 0x1234_5678u32;
+    let bytes: Vec<u8> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&p, bytes).unwrap();
+    run_generate(&p, "not a GGUF");
+}
+
+#[test]
+fn truncated_gguf() {
+    let full = std::fs::read(reference_dir().join("synthetic/synthetic-qwen2.gguf")).unwrap();
+    // Cut inside the header, inside the metadata, and inside the tensor data.
+    for (cut, expect) in [(10, "truncat"), (2000, "truncat"), (full.len() / 2, "outside the file")] {
+        let p = tmp(&format!("truncated-{cut}.gguf"));
+        std::fs::write(&p, &full[..cut]).unwrap();
+        run_generate(&p, expect);
+    }
+}
+
+#[test]
+fn header_only_gguf() {
+    let p = tmp("header-only.gguf");
+    std::fs::write(&p, gguf_with(&[], &[], None)).unwrap();
+    run_generate(&p, "general.architecture");
+}
+
+#[test]
+fn unsupported_architecture() {
+    let p = tmp("mamba.gguf");
+    std::fs::write(&p, gguf_with(&[("general.architecture", "mamba")], &[], None)).unwrap();
+    run_generate(&p, "unsupported architecture 'mamba'");
+}
+
+#[test]
+fn unsupported_tensor_type() {
+    // A llama header whose embedding is IQ2_XXS (type 16: 66 bytes per 256 values), which we cannot compute with.
+    let u32s = [
+        ("llama.block_count", 1),
+        ("llama.embedding_length", 256),
+        ("llama.feed_forward_length", 512),
+        ("llama.attention.head_count", 4),
+    ];
+    let p = tmp("iq2.gguf");
+    std::fs::write(&p, gguf_with(&[("general.architecture", "llama")], &u32s, Some(("token_embd.weight", &[256, 8], 16, 66 * 8)))).unwrap();
+    run_generate(&p, "IQ2_XXS");
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let m = smollm2();
+    let long = "word ".repeat(100);
+    assert_clean_error(&["generate", "-m", m.to_str().unwrap(), "-p", &long, "-n", "4", "-c", "32"], "context");
+}
+
+#[test]
+fn missing_text_file_for_perplexity() {
+    let m = smollm2();
+    assert_clean_error(&["perplexity", "-m", m.to_str().unwrap(), "-f", "/nonexistent.txt"], "cannot read");
+}

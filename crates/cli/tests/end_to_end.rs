@@ -1,0 +1,110 @@
+//! The CLI on the real default models, against llama.cpp's reference outputs: tokenization, greedy generation
+//! (raw and `--chat`), and perplexity within 1% of llama.cpp's.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+fn jsonl(name: &str) -> Vec<Value> {
+    std::fs::read_to_string(reference_dir().join(name))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+/// Number of leading steps before the reference's first near-tie (top-2 logits within 0.05).
+fn steps_before_near_tie(rec: &Value) -> usize {
+    rec["top10_per_step"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|s| s[0][1].as_f64().unwrap() - s[1][1].as_f64().unwrap() < 0.05)
+        .unwrap_or(usize::MAX)
+}
+
+#[test]
+fn tokenize_json_matches_reference() {
+    let inputs: Vec<String> = serde_json::from_str(&std::fs::read_to_string(reference_dir().join("tokenize-inputs.json")).unwrap()).unwrap();
+    for (model, file) in [(smollm2(), "smollm2.tokenize.jsonl"), (gemma3(), "gemma3.tokenize.jsonl")] {
+        let refs = jsonl(file);
+        for (text, rec) in inputs.iter().zip(&refs).take(8).filter(|(t, _)| !t.is_empty()) {
+            let o = specee(&["tokenize", "-m", model.to_str().unwrap(), "-p", text, "--json"], Duration::from_secs(60));
+            assert!(o.status.success(), "{}", stderr(&o));
+            let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+            assert_eq!(ids(&got["ids"]), ids(&rec["ids_add_special_parse_special"]), "{file}: {text:?}");
+        }
+    }
+}
+
+fn check_generate(model: &std::path::Path, rec: &Value, prompt: &str, chat: bool) {
+    let want = ids(&rec["greedy_ids"]);
+    let n = want.len().to_string();
+    let mut args = vec!["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n, "-t", "2", "--json"];
+    if chat {
+        args.push("--chat");
+    }
+    let o = specee(&args, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(ids(&got["prompt_ids"]), ids(&rec["prompt_ids"]), "prompt ids for {prompt:?}");
+    let got_ids = ids(&got["generated_ids"]);
+    let k = steps_before_near_tie(rec).min(want.len());
+    assert!(got_ids.len() >= k, "{prompt:?}: generated {} tokens, expected at least {k}", got_ids.len());
+    assert_eq!(got_ids[..k], want[..k], "{prompt:?}: greedy ids differ before the first near-tie");
+    for key in ["prompt_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(got["timings"][key].as_f64().unwrap() > 0.0, "{key}");
+    }
+    assert!(got["text"].is_string());
+}
+
+#[test]
+fn generate_json_matches_reference_greedy() {
+    let m = smollm2();
+    let raw = jsonl("smollm2.greedy_raw.jsonl");
+    check_generate(&m, &raw[0], raw[0]["prompt"].as_str().unwrap(), false);
+    let g = gemma3();
+    let raw = jsonl("gemma3.greedy_raw.jsonl");
+    check_generate(&g, &raw[1], raw[1]["prompt"].as_str().unwrap(), false);
+}
+
+#[test]
+fn generate_chat_matches_reference() {
+    // The reference chat prompts were rendered from one user message each; the user text sits between
+    // "<|im_start|>user\n" and "<|im_end|>".
+    let m = smollm2();
+    for rec in jsonl("smollm2.greedy_chat.jsonl").iter().take(2) {
+        let rendered = rec["prompt"].as_str().unwrap();
+        let user = rendered.split("<|im_start|>user\n").nth(1).unwrap().split("<|im_end|>").next().unwrap();
+        check_generate(&m, rec, user, true);
+    }
+}
+
+fn perplexity(model: &std::path::Path) -> f64 {
+    let text = reference_dir().join("perplexity-text.txt");
+    let o = specee(
+        &["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "256", "-t", "2"],
+        Duration::from_secs(1200),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let last = out.lines().last().unwrap();
+    assert!(last.starts_with("PPL = "), "{out}");
+    last.trim_start_matches("PPL = ").split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn perplexity_within_one_percent_of_llama_cpp() {
+    for (model, want) in [(smollm2(), 20.8533), (gemma3(), 16.4292)] {
+        let got = perplexity(&model);
+        eprintln!("{}: PPL {got:.4} vs llama.cpp {want}", model.display());
+        assert!((got - want).abs() / want < 0.01, "{}: PPL {got} vs llama.cpp {want}", model.display());
+    }
+}
