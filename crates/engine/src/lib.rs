@@ -5,6 +5,7 @@
 //!    stop rules, streaming and timings.
 //! 3. [`perplexity`]: llama.cpp-compatible perplexity.
 
+pub mod bench;
 pub mod error;
 pub mod fetch;
 pub mod perplexity;

@@ -1,5 +1,6 @@
 //! One module per subcommand, plus the flags they share.
 
+pub mod bench;
 pub mod fetch;
 pub mod generate;
 pub mod perplexity;

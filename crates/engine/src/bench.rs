@@ -1,0 +1,124 @@
+//! Speed measurement, like llama-bench: prompt processing (a fresh cache, `P` tokens in one batch) and decode
+//! (`N` single-token steps after a one-token context, each with full-vocabulary logits), repeated `R` times
+//! after one warm-up; and the **batch curve** — the cost of one forward of `k` rows with head logits for all `k`
+//! rows, relative to `k = 1`, which decides whether draft trees can pay.
+
+use crate::error::EngineError;
+use crate::session::Engine;
+use model::{Logits, Workspace};
+use std::time::Instant;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchParams {
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    pub repetitions: usize,
+    pub threads: usize,
+    /// Row counts for the batch curve (empty = skip).
+    pub batch_curve: Vec<usize>,
+}
+
+/// One repetition.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchRun {
+    pub prompt_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+/// One point of the batch curve.
+#[derive(Clone, Copy, Debug)]
+pub struct CurvePoint {
+    pub rows: usize,
+    /// Median milliseconds of one forward over `rows` rows.
+    pub ms: f64,
+    /// `ms / ms(k = 1)`.
+    pub relative: f64,
+}
+
+/// All measurements.
+#[derive(Clone, Debug)]
+pub struct BenchResult {
+    pub runs: Vec<BenchRun>,
+    pub curve: Vec<CurvePoint>,
+}
+
+/// Median of a non-empty list.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Deterministic benchmark tokens: an English paragraph's tokens, repeated.
+pub fn bench_tokens(engine: &Engine, n: usize) -> Vec<u32> {
+    const TEXT: &str = "The history of computing is a story of people who wanted to calculate faster than they \
+        could by hand. Mechanical calculators gave way to electronic machines, and those machines grew smaller, \
+        cheaper and more capable every year, until a computer fit in every pocket.";
+    let base = engine.tokenizer.encode(TEXT, false, false);
+    base.iter().copied().cycle().take(n).collect()
+}
+
+/// Runs the benchmark.
+pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -> Result<BenchResult, EngineError> {
+    let m = &engine.model;
+    let prompt = bench_tokens(engine, p.prompt_tokens.max(1));
+    let decode = bench_tokens(engine, p.decode_tokens.max(1) + 1);
+    let max_curve = p.batch_curve.iter().copied().max().unwrap_or(0);
+    let ctx = (p.prompt_tokens.max(p.decode_tokens + 1)).max(64 + max_curve) + 1;
+    let mut kv = m.new_cache(ctx);
+    let mut ws = Workspace::new(p.threads);
+    let mut hidden = Vec::new();
+    let mut runs = Vec::new();
+    for rep in 0..=p.repetitions {
+        // Prompt processing: one batch, logits for the last row (as llama-bench).
+        kv.clear();
+        let t = Instant::now();
+        m.forward(&prompt, &mut kv, &mut ws, &mut hidden, Logits::Last)?;
+        let pp = prompt.len() as f64 / t.elapsed().as_secs_f64();
+        // Decode: single tokens, full logits each step.
+        kv.clear();
+        m.forward(&decode[..1], &mut kv, &mut ws, &mut hidden, Logits::Last)?;
+        let t = Instant::now();
+        for &tok in &decode[1..] {
+            m.forward(&[tok], &mut kv, &mut ws, &mut hidden, Logits::Last)?;
+        }
+        let tg = p.decode_tokens as f64 / t.elapsed().as_secs_f64();
+        if rep > 0 {
+            runs.push(BenchRun { prompt_tokens_per_s: pp, decode_tokens_per_s: tg });
+            progress(&format!("run {rep}/{}: pp {pp:.1} tok/s, tg {tg:.1} tok/s", p.repetitions));
+        }
+    }
+    let mut curve = Vec::new();
+    if !p.batch_curve.is_empty() {
+        kv.clear();
+        let base = 64;
+        m.forward(&bench_tokens(engine, base), &mut kv, &mut ws, &mut hidden, Logits::None)?;
+        let rows_tokens = bench_tokens(engine, max_curve);
+        for &k in &p.batch_curve {
+            let mut times = Vec::new();
+            for rep in 0..=p.repetitions.max(3) {
+                let t = Instant::now();
+                m.forward(&rows_tokens[..k], &mut kv, &mut ws, &mut hidden, Logits::All)?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                kv.truncate(base);
+                if rep > 0 {
+                    times.push(ms);
+                }
+            }
+            curve.push(CurvePoint { rows: k, ms: median(&times), relative: 0.0 });
+        }
+        let one = curve.iter().find(|c| c.rows == 1).map_or(curve[0].ms, |c| c.ms);
+        for c in &mut curve {
+            c.relative = c.ms / one;
+        }
+    }
+    Ok(BenchResult { runs, curve })
+}
