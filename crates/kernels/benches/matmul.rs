@@ -76,6 +76,7 @@ fn multi_row(c: &mut Criterion) {
     let pool = ThreadPool::new(threads());
     let shapes = [
         (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
         (GgmlType::Q8_0, 49152, 576),
         (GgmlType::Q5_0, 2048, 640),
         (GgmlType::Q4_K, 640, 2048),

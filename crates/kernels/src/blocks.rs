@@ -71,6 +71,22 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Decodes the 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block (ggml's `utmp` shuffle) as
+/// little-endian bytes: `(scales[0..8], mins[0..8])` packed in two u64.
+#[inline(always)]
+pub fn k4_scales_mins(q: &[u8]) -> (u64, u64) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let sc_lo = u0 & KMASK1;
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    (sc_lo as u64 | ((sc_hi as u64) << 32), m_lo as u64 | ((m_hi as u64) << 32))
+}
+
 /// The 16 signed 6-bit scales of a Q3_K super-block (packed into 12 bytes), each still offset by 32.
 #[inline(always)]
 pub fn q3_k_scales(packed: &[u8]) -> [i8; 16] {
@@ -104,6 +120,15 @@ mod tests {
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
         assert_eq!(f32_to_bf16(f32::NAN) & 0x7fc0, 0x7fc0);
+    }
+
+    #[test]
+    fn k4_scales_mins_matches_scale_min_k4() {
+        let q: Vec<u8> = (0..12).map(|i| (i * 37 + 11) as u8).collect();
+        let (sc, mn) = k4_scales_mins(&q);
+        for j in 0..8 {
+            assert_eq!(scale_min_k4(j, &q), (sc.to_le_bytes()[j], mn.to_le_bytes()[j]), "sub-block {j}");
+        }
     }
 
     #[test]

@@ -19,6 +19,9 @@
 //! assert_eq!(out, [3.0, 7.0]);
 //! ```
 
+// `x % n == 0` is kept over `is_multiple_of` for the workspace's minimum Rust version.
+#![allow(clippy::manual_is_multiple_of)]
+
 pub mod blocks;
 pub mod dequant;
 pub(crate) mod kernel;

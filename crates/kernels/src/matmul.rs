@@ -108,7 +108,7 @@ pub(crate) fn matmul_isa(
     let acts = scratch.acts.view(kind, x, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let work = |row_range: std::ops::Range<usize>| {
-        let out_ptr = out_ptr;
+        let out_ptr = &out_ptr;
         let mut tile = [0.0f32; ROW_CHUNK * TILE];
         let mut r0 = row_range.start;
         while r0 < row_range.end {
@@ -172,7 +172,7 @@ pub(crate) fn matmul_rows_isa(
     let acts = scratch.acts.view(kind, x, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let work = |ids: std::ops::Range<usize>| {
-        let out_ptr = out_ptr;
+        let out_ptr = &out_ptr;
         for i in ids {
             let r = row_ids[i] as usize;
             let mut one = [0.0f32];

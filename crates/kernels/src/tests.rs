@@ -198,3 +198,12 @@ fn qmatrix_validates_shapes() {
     assert!(matches!(QMatrix::new(GgmlType::IQ2_XXS, &data, 1, 256), Err(KernelError::UnsupportedType("IQ2_XXS"))));
     assert_eq!(QMatrix::new(GgmlType::Q4_0, &data, 1, 64).unwrap().row_bytes(), 36);
 }
+
+#[test]
+fn available_levels_pass_self_check() {
+    for isa in [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+        assert!(crate::kernel::self_check(isa), "{isa:?}");
+    }
+    assert!(crate::kernel::self_check(Isa::Scalar));
+    eprintln!("detected: {}", detected_isa());
+}

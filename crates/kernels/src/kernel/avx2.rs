@@ -11,6 +11,7 @@
 //! F32/F16/BF16 weights are widened to f32 and FMA'd. Q2_K/Q3_K use the scalar kernels.
 
 use super::{tile, RowKernel};
+use crate::blocks::k4_scales_mins;
 use crate::quantize::Acts;
 use gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -89,8 +90,14 @@ unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0:
         let mut seg_start = 0;
         for b in 0..nb {
             let p = row.add(b * bytes);
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)));
-            let dx = _mm256_set1_ps(d);
+            // d (and m for Q4_1/Q5_1) through one F16C conversion.
+            let dm = if K == Q4_1 || K == Q5_1 {
+                _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u32).read_unaligned() as i32))
+            } else {
+                _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32))
+            };
+            let d = _mm_cvtss_f32(dm);
+            let dx = _mm256_broadcastss_ps(dm);
             let wv = if K == Q8_0 {
                 _mm256_loadu_si256(p.add(2) as *const __m256i)
             } else {
@@ -115,9 +122,7 @@ unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0:
             match K {
                 Q4_0 => coef[b - seg_start] = -8.0 * d,
                 Q5_0 => coef[b - seg_start] = -16.0 * d,
-                Q4_1 | Q5_1 => {
-                    coef[b - seg_start] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p.add(2) as *const u16).read_unaligned() as i32)))
-                }
+                Q4_1 | Q5_1 => coef[b - seg_start] = _mm_cvtss_f32(_mm_movehdup_ps(dm)),
                 _ => {}
             }
             // Q8_0: |w| as the unsigned operand; the activation takes w's sign.
@@ -162,22 +167,6 @@ unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0:
             out[r * N + j] = hsum(acc[j]);
         }
     }
-}
-
-/// Decodes the 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block (ggml's `utmp` shuffle) as
-/// little-endian bytes: `(scales[0..8], mins[0..8])` packed in two u64.
-#[inline(always)]
-pub(crate) fn k4_scales_mins(q: &[u8]) -> (u64, u64) {
-    const KMASK1: u32 = 0x3f3f_3f3f;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    const KMASK3: u32 = 0x0303_0303;
-    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
-    let (u0, u1, u2) = (word(0), word(1), word(2));
-    let sc_lo = u0 & KMASK1;
-    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let m_lo = u1 & KMASK1;
-    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    (sc_lo as u64 | ((sc_hi as u64) << 32), m_lo as u64 | ((m_hi as u64) << 32))
 }
 
 /// Q4_K (or Q5_K when `FIVE`) rows × `N` activation rows.

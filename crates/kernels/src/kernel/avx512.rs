@@ -14,7 +14,7 @@
 //! Every kernel is generic over the tile size `N` (activation rows, 1..=8) so accumulators stay in
 //! registers; the per-token arithmetic does not depend on `N`, so results are identical for any tiling.
 
-use super::avx2::k4_scales_mins;
+use crate::blocks::k4_scales_mins;
 use super::{tile, RowKernel};
 use crate::quantize::Acts;
 use gguf::GgmlType;

@@ -77,9 +77,13 @@ impl Isa {
         }
     }
 
-    /// The best level available, or the one named by `SPECEE_KERNEL` if the CPU has it.
+    /// The best level available (and passing [`self_check`]), or the one named by `SPECEE_KERNEL` if
+    /// the CPU has it.
     fn detect() -> Isa {
-        let best = [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.available()).unwrap_or(Isa::Scalar);
+        let best = [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .find(|isa| isa.available() && self_check(*isa))
+            .unwrap_or(Isa::Scalar);
         match std::env::var("SPECEE_KERNEL").ok().as_deref() {
             Some("scalar") => Isa::Scalar,
             Some("avx2") if Isa::Avx2.available() => Isa::Avx2,
@@ -93,6 +97,71 @@ impl Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(Isa::detect)
     }
+}
+
+/// Compares every kernel of `isa` with the scalar kernels on a few pseudo-random rows and tiles.
+///
+/// A guard for levels that cannot be tested on every development machine (the AVX-512 kernels run only
+/// where the CPU has them): a level that disagrees is not chosen, and a warning is printed once.
+pub(crate) fn self_check(isa: Isa) -> bool {
+    use crate::quantize::{act_kind, ActBuffers};
+    let types = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (rows, cols, n_tokens) = (3, 768, 5);
+    for ty in types {
+        let (Some(kind), Some(fast), Some(slow)) = (act_kind(ty), row_kernel(isa, ty), scalar::kernel(ty)) else {
+            continue;
+        };
+        let rb = cols / ty.block_size() * ty.type_size();
+        let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        // Small finite f16 scale fields (0x2000 ≈ 0.0078); plain float types get small values.
+        let fields: &[usize] = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+            GgmlType::Q6_K => &[208],
+            _ => &[],
+        };
+        if fields.is_empty() {
+            w.chunks_exact_mut(ty.type_size()).for_each(|e| *e.last_mut().unwrap_or(&mut 0) &= 0x3f);
+        }
+        for block in w.chunks_exact_mut(ty.type_size()) {
+            for &f in fields {
+                block[f..f + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+            }
+        }
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+        let mut buf = ActBuffers::default();
+        buf.reserve(kind, n_tokens, cols);
+        buf.quantize_tokens(kind, &x, cols, 0..n_tokens);
+        let acts = buf.view(kind, &x, cols);
+        let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
+        fast(&w, rb, &acts, 0, n_tokens, &mut got);
+        slow(&w, rb, &acts, 0, n_tokens, &mut want);
+        let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        if got.iter().zip(&want).any(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale) {
+            eprintln!("specee kernels: {} {} kernel disagrees with scalar; not using it", isa.name(), ty.name());
+            return false;
+        }
+    }
+    true
 }
 
 /// The row kernel for weights of type `ty` on level `isa` (falls back to scalar per type).
