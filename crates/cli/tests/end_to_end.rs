@@ -20,13 +20,18 @@ fn ids(v: &Value) -> Vec<u64> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
 }
 
-/// Number of leading steps before the reference's first near-tie (top-2 logits within 0.05).
+/// Top-2 margin below which a reference step counts as a near-tie on the real models. llama.cpp itself, built
+/// on this AVX2 machine, flips greedy steps of margin up to 0.2 against the reference files (made on another
+/// CPU); see crates/model/tests/reference.rs for the measurements.
+const NEAR_TIE: f64 = 0.25;
+
+/// Number of leading steps before the reference's first near-tie.
 fn steps_before_near_tie(rec: &Value) -> usize {
     rec["top10_per_step"]
         .as_array()
         .unwrap()
         .iter()
-        .position(|s| s[0][1].as_f64().unwrap() - s[1][1].as_f64().unwrap() < 0.05)
+        .position(|s| s[0][1].as_f64().unwrap() - s[1][1].as_f64().unwrap() < NEAR_TIE)
         .unwrap_or(usize::MAX)
 }
 

@@ -11,7 +11,7 @@
 //! [`Model::forward`] chains them for the common case (all layers, causal, logits for chosen rows).
 
 use crate::arch;
-use crate::blocks::{axpy, dot, gelu_tanh, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq, silu, softmax_in_place};
+use crate::blocks::{axpy, axpy_f16, dot, gelu_tanh, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq, scale_f16, silu, softmax_in_place};
 use crate::config::{Activation, Config};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
@@ -50,6 +50,9 @@ pub struct Model {
     rope_inv: Vec<f32>,
     rope_inv_swa: Vec<f32>,
 }
+
+/// Batches of at least this many rows take llama.cpp's tiled flash-attention path (`GGML_FA_TILE_Q`).
+const FA_TILE_Q: usize = 64;
 
 /// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -184,9 +187,13 @@ impl Model {
             }
         }
 
-        // llama.cpp keeps K and V in f16 and rounds queries to f16 for the K·Q products; doing the same keeps
-        // our logits within a few hundredths of its own.
-        for v in ws.q[..n * qd].iter_mut().chain(ws.k[..n * kvd].iter_mut()).chain(ws.v[..n * vd].iter_mut()) {
+        // Attention follows llama.cpp's CPU flash attention (on by default), whose rounding dominates the
+        // difference between our logits and its own. K and V are cached in f16. Batches of fewer than
+        // `FA_TILE_Q` rows take its per-row path: queries rounded to f16, online softmax, V·softmax
+        // accumulated in f16. Larger batches take its tiled path: f32 queries, f32 accumulation.
+        let f16_path = n < FA_TILE_Q;
+        let q_len = if f16_path { n * qd } else { 0 };
+        for v in ws.q[..q_len].iter_mut().chain(ws.k[..n * kvd].iter_mut()).chain(ws.v[..n * vd].iter_mut()) {
             *v = half::f16::from_f32(*v).to_f32();
         }
         // Append this batch's keys and values to the cache.
@@ -221,6 +228,44 @@ impl Model {
                 let kvh = h / group;
                 let qv = &q[j * qd + h * hd..j * qd + (h + 1) * hd];
                 let pj = positions[j];
+                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(j * att_d + h * hdv), hdv) };
+                out.fill(0.0);
+                if f16_path {
+                    // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel).
+                    let (mut m_max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    for s in 0..total {
+                        let visible = if s < base {
+                            true
+                        } else {
+                            let m = s - base;
+                            match mask {
+                                Mask::Causal => m <= j,
+                                Mask::Allowed(a) => a[j * n + m],
+                            }
+                        } && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64);
+                        if !visible {
+                            continue;
+                        }
+                        let sv = dot(qv, &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd]) * scale;
+                        let (mut ms, mut vs) = (1f32, 1f32);
+                        if sv > m_max {
+                            if m_max != f32::NEG_INFINITY {
+                                ms = (m_max - sv).exp();
+                                scale_f16(ms, out);
+                            } else {
+                                ms = 0.0;
+                            }
+                            m_max = sv;
+                        } else {
+                            vs = (sv - m_max).exp();
+                        }
+                        axpy_f16(vs, &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
+                        sum = sum * ms + vs;
+                    }
+                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+                    out.iter_mut().for_each(|v| *v *= inv);
+                    continue;
+                }
                 for s in 0..total {
                     let visible = if s < base {
                         true
@@ -238,8 +283,6 @@ impl Model {
                     };
                 }
                 softmax_in_place(sc);
-                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(j * att_d + h * hdv), hdv) };
-                out.fill(0.0);
                 for s in 0..total {
                     if sc[s] > 0.0 {
                         axpy(sc[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
