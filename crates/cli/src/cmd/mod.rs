@@ -4,6 +4,7 @@ pub mod bench;
 pub mod fetch;
 pub mod generate;
 pub mod perplexity;
+pub mod serve;
 pub mod tokenize;
 
 use std::path::PathBuf;

@@ -1,0 +1,55 @@
+//! `specee serve -m PATH [--host 127.0.0.1] [--port 8080] [--mode MODE] [--parallel N] [--queue N]
+//! [-c CTX] [-t THREADS]`: the OpenAI-compatible HTTP server (see the `server` crate). Prints
+//! `listening on http://ADDR` on stdout once it accepts connections; SIGTERM or ctrl-c drains and stops it.
+
+use super::ModelArgs;
+use anyhow::Context;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default; anything else exposes an unauthenticated API).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Decoding mode of requests that do not choose one (`{"specee": {"mode": …}}`).
+    #[arg(long, default_value = "dense")]
+    pub mode: String,
+    /// Requests generated at once; threads are shared among them.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
+    /// Requests that may wait for a free slot; beyond that the server answers 429.
+    #[arg(long, default_value_t = 8)]
+    pub queue: usize,
+    /// Context size in tokens (prompt + generated) of each request.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = server::DEFAULT_BODY_LIMIT)]
+    pub max_body: usize,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let mode = server::Mode::parse(&a.mode)
+        .with_context(|| format!("unknown --mode '{}' (available: {})", a.mode, server::Mode::names()))?;
+    anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
+    let path = engine::resolve_model(a.model.model.clone(), true)?;
+    let model_id = path.file_stem().map_or_else(|| "specee".to_string(), |s| s.to_string_lossy().into_owned());
+    let engine = engine::Engine::load(&path)?;
+    let config = server::Config {
+        host: a.host,
+        port: a.port,
+        mode,
+        parallel: a.parallel,
+        queue: a.queue,
+        ctx: a.ctx,
+        threads: a.model.threads(),
+        body_limit: a.max_body,
+        model_id,
+    };
+    server::run(engine, config)?;
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! `specee serve` end to end, on a real loopback port with the default SmolLM2 model: the official `openai`
+//! Python client (chat and completions, streamed and not, greedy answers equal to `specee generate`), a
+//! malformed-request suite (4xx JSON errors, the server stays up), 8 concurrent clients, 429 with
+//! `Retry-After` when full, a mid-stream disconnect freeing its slot, and SIGTERM draining in-flight work.
+//! Generations are kept short (≤ 16 tokens) so the suite stays fast on slow kernels.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const CHAT_PROMPT: &str = "Name three colors.";
+const CHAT_MAX_TOKENS: usize = 16;
+const COMPLETION_PROMPT: &str = "The capital of France is";
+const COMPLETION_MAX_TOKENS: usize = 8;
+
+/// A `specee serve` child process on a free loopback port; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let model = smollm2();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_specee"))
+            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "2"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn specee serve");
+        // The server prints `listening on http://127.0.0.1:PORT` once it accepts connections.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("listening on http://") {
+                    let _ = tx.send(addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()));
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Some(port)) => Server { child, port },
+            other => {
+                let _ = child.kill();
+                panic!("specee serve did not report its port: {other:?}");
+            }
+        }
+    }
+
+    fn request(&self, method: &str, path: &str, body: &[u8]) -> Response {
+        http(self.port, method, path, body)
+    }
+
+    fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.request("POST", path, body.to_string().as_bytes())
+    }
+
+    /// The value of a metric line without labels (or with exactly `labels`).
+    fn metric(&self, name: &str) -> f64 {
+        let r = self.request("GET", "/metrics", b"");
+        assert_eq!(r.status, 200);
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).map(|v| v.trim().parse::<f64>().unwrap()))
+            .unwrap_or_else(|| panic!("no metric {name} in\n{}", r.body))
+    }
+
+    /// Waits (bounded) until no request is generating or queued.
+    fn wait_idle(&self, timeout: Duration) {
+        let start = Instant::now();
+        while self.metric("specee_requests_in_flight") != 0.0 || self.metric("specee_queue_depth") != 0.0 {
+            assert!(start.elapsed() < timeout, "the server is still busy after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A parsed HTTP response.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+fn send_request(port: u16, method: &str, path: &str, body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before reading a large body and close: ignore write errors.
+    let _ = s.write_all(body);
+    s
+}
+
+/// One HTTP/1.1 request with `Connection: close`; reads the whole response (de-chunked).
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> Response {
+    let mut s = send_request(port, method, path, body);
+    let mut raw = Vec::new();
+    if let Err(e) = s.read_to_end(&mut raw) {
+        // A reset after a complete early answer (e.g. 413 before the body was read) still counts.
+        assert!(!raw.is_empty(), "reading the response to {method} {path}: {e}");
+    }
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Response {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("end of headers");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked")) {
+        body = dechunk(&body);
+    }
+    Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(end) = data.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&data[..end]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = end + 2;
+        out.extend_from_slice(&data[start..(start + size).min(data.len())]);
+        data = &data[(start + size + 2).min(data.len())..];
+    }
+    out
+}
+
+/// Asserts an OpenAI-style error body and returns it.
+fn assert_error(r: &Response, status: u16, what: &str) -> Value {
+    assert_eq!(r.status, status, "{what}: {r:?}");
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/json")), "{what}: {r:?}");
+    let v = r.json();
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {v}");
+    assert!(e["type"].is_string(), "{what}: {v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{what}: {v}");
+    v
+}
+
+/// `specee generate --json` text for a prompt (greedy, as the server runs it with `threads` per request).
+fn generate_text(prompt: &str, n: usize, chat: bool, threads: usize) -> String {
+    let model = smollm2();
+    let n = n.to_string();
+    let threads = threads.to_string();
+    let mut args = vec!["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n, "-t", &threads, "--json"];
+    if chat {
+        args.push("--chat");
+    }
+    let o = specee(&args, Duration::from_secs(300));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+fn chat_body(max_tokens: usize) -> Value {
+    json!({"model": "x", "messages": [{"role": "user", "content": CHAT_PROMPT}], "max_tokens": max_tokens, "temperature": 0})
+}
+
+fn python() -> PathBuf {
+    PathBuf::from(std::env::var_os("SPECEE_PYTHON").unwrap_or_else(|| "python3".into()))
+}
+
+#[test]
+fn openai_client_drives_chat_and_completions() {
+    let probe = Command::new(python()).args(["-c", "import openai"]).output().expect("python3 must be installed");
+    assert!(
+        probe.status.success(),
+        "the `openai` Python package is missing (`python3 -m pip install openai`; .ci/run installs it): {}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let chat = generate_text(CHAT_PROMPT, CHAT_MAX_TOKENS, true, 2);
+    let completion = generate_text(COMPLETION_PROMPT, COMPLETION_MAX_TOKENS, false, 2);
+    let server = Server::start(&[]);
+    let model_id = smollm2().file_stem().unwrap().to_string_lossy().into_owned();
+    let expect = json!({
+        "model": model_id,
+        "chat": {"prompt": CHAT_PROMPT, "max_tokens": CHAT_MAX_TOKENS, "text": chat},
+        "completion": {"prompt": COMPLETION_PROMPT, "max_tokens": COMPLETION_MAX_TOKENS, "text": completion},
+    });
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/server/openai_client.py");
+    let mut child = Command::new(python())
+        .arg(&script)
+        .env("SPECEE_BASE_URL", format!("http://127.0.0.1:{}/v1", server.port))
+        .env("SPECEE_EXPECT", expect.to_string())
+        // The client must reach the loopback server directly even where a proxy is configured.
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the openai client script");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            let _ = child.kill();
+            panic!("the openai client script did not finish in 600 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(status.success(), "openai client checks failed:\n{log}");
+    assert!(log.contains("all openai client checks passed"), "{log}");
+    assert_eq!(server.request("GET", "/health", b"").status, 200);
+}
+
+#[test]
+fn malformed_requests_get_json_errors() {
+    let server = Server::start(&["--ctx-size", "64"]);
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let chat = "/v1/chat/completions";
+    let cases: Vec<(&str, &str, Vec<u8>, u16)> = vec![
+        ("invalid JSON", chat, b"{\"messages\": [".to_vec(), 400),
+        ("not an object", chat, b"[1, 2]".to_vec(), 400),
+        ("empty body", chat, Vec::new(), 400),
+        ("not UTF-8", chat, vec![0xff, 0xfe, 0x00], 400),
+        ("messages missing", chat, json!({"model": "x"}).to_string().into_bytes(), 400),
+        ("messages wrong type", chat, json!({"messages": "hi"}).to_string().into_bytes(), 400),
+        ("messages empty", chat, json!({"messages": []}).to_string().into_bytes(), 400),
+        ("content wrong type", chat, json!({"messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(), 400),
+        ("unknown role", chat, json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string().into_bytes(), 400),
+        ("max_tokens negative", chat, json!({"messages": msgs, "max_tokens": -1}).to_string().into_bytes(), 400),
+        ("max_tokens zero", chat, json!({"messages": msgs, "max_tokens": 0}).to_string().into_bytes(), 400),
+        ("max_tokens string", chat, json!({"messages": msgs, "max_tokens": "9"}).to_string().into_bytes(), 400),
+        ("max_tokens float", chat, json!({"messages": msgs, "max_tokens": 1.5}).to_string().into_bytes(), 400),
+        ("max_tokens huge float", chat, json!({"messages": msgs, "max_tokens": 1e300}).to_string().into_bytes(), 400),
+        ("temperature wrong type", chat, json!({"messages": msgs, "temperature": "hot"}).to_string().into_bytes(), 400),
+        ("temperature out of range", chat, json!({"messages": msgs, "temperature": 7}).to_string().into_bytes(), 400),
+        ("top_p out of range", chat, json!({"messages": msgs, "top_p": 2}).to_string().into_bytes(), 400),
+        ("stream wrong type", chat, json!({"messages": msgs, "stream": "yes"}).to_string().into_bytes(), 400),
+        ("stop wrong type", chat, json!({"messages": msgs, "stop": 3}).to_string().into_bytes(), 400),
+        ("n > 1", chat, json!({"messages": msgs, "n": 4}).to_string().into_bytes(), 400),
+        ("tools", chat, json!({"messages": msgs, "tools": [{"type": "function"}]}).to_string().into_bytes(), 400),
+        ("logprobs", chat, json!({"messages": msgs, "logprobs": true}).to_string().into_bytes(), 400),
+        ("response_format json", chat, json!({"messages": msgs, "response_format": {"type": "json_object"}}).to_string().into_bytes(), 400),
+        ("unknown field", chat, json!({"messages": msgs, "frobnicate": 1}).to_string().into_bytes(), 400),
+        ("unknown mode", chat, json!({"messages": msgs, "specee": {"mode": "warp"}}).to_string().into_bytes(), 400),
+        ("image content", chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string().into_bytes(), 400),
+        ("prompt too long", chat, json!({"messages": [{"role": "user", "content": "word ".repeat(200)}]}).to_string().into_bytes(), 400),
+        ("prompt too long (streamed)", "/v1/completions", json!({"prompt": "word ".repeat(200), "stream": true}).to_string().into_bytes(), 400),
+        ("prompt missing", "/v1/completions", json!({"max_tokens": 2}).to_string().into_bytes(), 400),
+        ("several prompts", "/v1/completions", json!({"prompt": ["a", "b"]}).to_string().into_bytes(), 400),
+        ("token id out of range", "/v1/completions", json!({"prompt": [1, 99999999]}).to_string().into_bytes(), 400),
+        ("echo", "/v1/completions", json!({"prompt": "a", "echo": true}).to_string().into_bytes(), 400),
+        ("body over 1 MiB", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "a".repeat(2 << 20)).into_bytes(), 413),
+        ("unknown route", "/v1/embeddings", json!({"input": "x"}).to_string().into_bytes(), 404),
+    ];
+    for (what, path, body, status) in &cases {
+        let r = server.request("POST", path, body);
+        let v = assert_error(&r, *status, what);
+        if *what == "prompt too long" {
+            assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        }
+        if *what == "n > 1" {
+            assert_eq!(v["error"]["param"], "n", "{v}");
+        }
+    }
+    assert_error(&server.request("GET", chat, b""), 405, "GET on a POST route");
+    assert_error(&server.request("DELETE", "/health", b""), 405, "DELETE /health");
+
+    // Absurd max_tokens is capped at the context: a prompt near the context's end generates only the rest.
+    let r = server.post_json("/v1/completions", &json!({"prompt": "one two three four five six seven eight nine ten ".repeat(5), "max_tokens": 1_000_000_000_000_i64, "temperature": 0, "specee": {"ignore_eos": true}}));
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    let usage = &v["usage"];
+    assert_eq!(usage["total_tokens"].as_u64().unwrap(), 64, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+
+    // Still up and answering.
+    assert_eq!(server.request("GET", "/health", b"").json()["status"], "ok");
+    let r = server.post_json(chat, &chat_body(2));
+    assert_eq!(r.status, 200, "{r:?}");
+    let metrics = server.request("GET", "/metrics", b"").body;
+    assert!(metrics.contains("specee_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"), "{metrics}");
+    assert!(metrics.contains("specee_exit_layer_average{mode=\"dense\"} 30"), "{metrics}");
+}
+
+#[test]
+fn eight_concurrent_clients_all_answered() {
+    // Two slots share the 2 threads: one thread per generation.
+    let want = generate_text(CHAT_PROMPT, 8, true, 1);
+    let server = Server::start(&["--parallel", "2", "--queue", "8"]);
+    let port = server.port;
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let stream = i % 2 == 1;
+                let mut body = chat_body(8);
+                body["stream"] = json!(stream);
+                let r = http(port, "POST", "/v1/chat/completions", body.to_string().as_bytes());
+                assert_eq!(r.status, 200, "client {i}: {r:?}");
+                if !stream {
+                    return r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+                }
+                let mut text = String::new();
+                let events: Vec<&str> = r.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                assert_eq!(events.last(), Some(&"[DONE]"), "client {i}: {}", r.body);
+                for e in &events[..events.len() - 1] {
+                    let v: Value = serde_json::from_str(e).unwrap();
+                    text += v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+                }
+                text
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), want, "client {i}");
+    }
+    server.wait_idle(Duration::from_secs(30));
+    assert_eq!(server.request("GET", "/health", b"").status, 200);
+}
+
+#[test]
+fn full_server_answers_429_and_a_disconnect_frees_the_slot() {
+    let server = Server::start(&["--parallel", "1", "--queue", "0", "--ctx-size", "2048"]);
+    // A long streamed generation occupies the only slot.
+    let mut body = chat_body(2000);
+    body["stream"] = json!(true);
+    body["specee"] = json!({"ignore_eos": true});
+    let mut stream = send_request(server.port, "POST", "/v1/chat/completions", body.to_string().as_bytes());
+    let mut first = [0u8; 256];
+    let n = stream.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..n]));
+    assert_eq!(server.metric("specee_requests_in_flight"), 1.0);
+
+    // Full: a well-formed 429 with Retry-After.
+    let r = server.post_json("/v1/chat/completions", &chat_body(2));
+    let v = assert_error(&r, 429, "full server");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert!(r.header("retry-after").and_then(|s| s.parse::<u64>().ok()).is_some(), "{r:?}");
+
+    // The client goes away mid-stream: the generation is cancelled and the slot freed (2000 tokens would
+    // take far longer than the bound).
+    drop(stream);
+    server.wait_idle(Duration::from_secs(60));
+    let metrics = server.request("GET", "/metrics", b"").body;
+    assert!(metrics.contains("specee_generations_total{mode=\"dense\",finish=\"cancelled\"} 1"), "{metrics}");
+    let r = server.post_json("/v1/chat/completions", &chat_body(2));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(server.request("GET", "/health", b"").status, 200);
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_drains_in_flight_requests() {
+    let mut server = Server::start(&[]);
+    let port = server.port;
+    let client = std::thread::spawn(move || http(port, "POST", "/v1/chat/completions", chat_body(8).to_string().as_bytes()));
+    let start = Instant::now();
+    while server.metric("specee_requests_in_flight") < 1.0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "the request never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let r = client.join().unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["usage"]["completion_tokens"].as_u64().unwrap(), 8);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "still accepting connections after SIGTERM");
+}

@@ -1,0 +1,453 @@
+//! From an OpenAI request body to what the engine runs: parse the JSON (errors name the field at fault),
+//! check every value, refuse what is not supported with a 400 (`n > 1`, tools, logprobs, non-text response
+//! formats, unknown fields), and fill in defaults.
+//!
+//! Defaults: OpenAI's where OpenAI's API has the field — `temperature` 1.0, `top_p` 1.0, a random `seed`,
+//! `max_tokens` 16 for completions and "until the context is full" for chat — and llama.cpp's for the
+//! samplers OpenAI lacks (`top_k` 40, `min_p` 0.05, no repetition penalty), which the `specee` extension
+//! object can change. `max_tokens` above what the context leaves is capped to it, not refused.
+
+use crate::error::ApiError;
+use crate::mode::Mode;
+use crate::wire::{self, MessageContent, Prompt, SpeceeOptions, Stop};
+use decode::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use tokenizer::chat::Message;
+
+/// Most stop strings a request may give.
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 1024;
+/// Most messages in one chat request.
+pub const MAX_MESSAGES: usize = 1024;
+/// Default `max_tokens` of the completions endpoint (OpenAI's).
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+
+/// What the model should read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptInput {
+    /// A conversation, rendered with the model's chat template (assistant turn opened).
+    Chat(Vec<Message>),
+    /// Raw text, tokenized as `specee generate` does (BOS as the model asks, special tokens parsed).
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+/// A validated generation request.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub input: PromptInput,
+    /// New tokens at most; `None` = until the context is full. Capped to the context later.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stop_at_eog: bool,
+    pub mode: Mode,
+    pub stream: bool,
+    /// Streaming: send a last chunk with `usage`.
+    pub include_usage: bool,
+}
+
+/// Server-wide settings requests fall back on.
+#[derive(Clone, Debug)]
+pub struct RequestDefaults {
+    pub mode: Mode,
+    /// Largest valid token id + 1.
+    pub vocab_size: usize,
+}
+
+/// Parses a JSON body into `T`; syntax and type errors become 400s naming the field.
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("the body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        if path == "." || path.is_empty() {
+            ApiError::invalid(inner)
+        } else {
+            ApiError::invalid_param(path.clone(), format!("invalid '{path}': {inner}"))
+        }
+    })
+}
+
+/// Validates a chat request.
+pub fn chat_request(r: wire::ChatCompletionRequest, defaults: &RequestDefaults) -> Result<GenerationRequest, ApiError> {
+    check_extra_fields(&r.extra, "")?;
+    check_n(r.n)?;
+    if r.messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "'messages' must hold at least one message"));
+    }
+    if r.messages.len() > MAX_MESSAGES {
+        return Err(ApiError::invalid_param("messages", format!("'messages' holds {} messages; at most {MAX_MESSAGES} are accepted", r.messages.len())));
+    }
+    let messages = r.messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<Result<Vec<_>, _>>()?;
+    if r.max_tokens.is_some() && r.max_completion_tokens.is_some() {
+        return Err(ApiError::invalid_param("max_completion_tokens", "give 'max_tokens' or 'max_completion_tokens', not both"));
+    }
+    let (max_name, max_value) = match r.max_completion_tokens {
+        Some(v) => ("max_completion_tokens", Some(v)),
+        None => ("max_tokens", r.max_tokens),
+    };
+    let common = Common {
+        max_tokens: max_tokens(max_name, max_value)?,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        seed: r.seed,
+        stop: r.stop,
+        stream: r.stream,
+        stream_options: r.stream_options,
+        specee: r.specee,
+    };
+    common.finish(PromptInput::Chat(messages), defaults)
+}
+
+/// Validates a completions request.
+pub fn completion_request(r: wire::CompletionRequest, defaults: &RequestDefaults) -> Result<GenerationRequest, ApiError> {
+    check_extra_fields(&r.extra, "")?;
+    check_n(r.n)?;
+    let input = match r.prompt {
+        Prompt::Texts(mut texts) => match texts.len() {
+            1 => PromptInput::Text(texts.remove(0)),
+            0 => return Err(ApiError::invalid_param("prompt", "'prompt' is empty")),
+            n => return Err(ApiError::unsupported("prompt", format!("'prompt' holds {n} prompts; this server answers one prompt per request"))),
+        },
+        Prompt::Tokens(mut lists) => match lists.len() {
+            1 => PromptInput::Tokens(token_ids(lists.remove(0), defaults.vocab_size)?),
+            n => return Err(ApiError::unsupported("prompt", format!("'prompt' holds {n} prompts; this server answers one prompt per request"))),
+        },
+    };
+    if let PromptInput::Text(t) = &input {
+        if t.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "'prompt' is empty"));
+        }
+    }
+    let common = Common {
+        max_tokens: Some(max_tokens("max_tokens", r.max_tokens)?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)),
+        temperature: r.temperature,
+        top_p: r.top_p,
+        seed: r.seed,
+        stop: r.stop,
+        stream: r.stream,
+        stream_options: r.stream_options,
+        specee: r.specee,
+    };
+    common.finish(input, defaults)
+}
+
+/// The fields both endpoints share.
+struct Common {
+    max_tokens: Option<usize>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    stream: Option<bool>,
+    stream_options: Option<wire::StreamOptions>,
+    specee: Option<SpeceeOptions>,
+}
+
+impl Common {
+    fn finish(self, input: PromptInput, defaults: &RequestDefaults) -> Result<GenerationRequest, ApiError> {
+        let stream = self.stream.unwrap_or(false);
+        let mut include_usage = false;
+        if let Some(options) = self.stream_options {
+            check_extra_fields(&options.extra, "stream_options.")?;
+            if !stream {
+                return Err(ApiError::invalid_param("stream_options", "'stream_options' is only allowed with 'stream': true"));
+            }
+            include_usage = options.include_usage.unwrap_or(false);
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid_param("temperature", format!("'temperature' must be between 0 and 2, got {temperature}")));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&top_p) {
+            return Err(ApiError::invalid_param("top_p", format!("'top_p' must be between 0 and 1, got {top_p}")));
+        }
+        let stop = self.stop.map(|s| s.0).unwrap_or_default();
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid_param("stop", format!("'stop' holds {} strings; at most {MAX_STOP_STRINGS} are accepted", stop.len())));
+        }
+        if let Some(s) = stop.iter().find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid_param("stop", format!("stop strings must be 1 to {MAX_STOP_BYTES} bytes long, got {} bytes", s.len())));
+        }
+        let seed = match self.seed {
+            // Any integer is a valid seed; negative ones wrap.
+            Some(s) => s as u64,
+            None => random_seed(),
+        };
+        let mut sampling = SamplingParams { temperature: temperature as f32, top_p: top_p as f32, seed, ..Default::default() };
+        let mut mode = defaults.mode;
+        let mut stop_at_eog = true;
+        if let Some(x) = self.specee {
+            if let Some(name) = x.mode {
+                mode = Mode::parse(&name).ok_or_else(|| {
+                    ApiError::invalid_param("specee.mode", format!("unknown decoding mode '{name}' (available: {})", Mode::names()))
+                })?;
+            }
+            if let Some(k) = x.top_k {
+                sampling.top_k = usize::try_from(k).map_err(|_| ApiError::invalid_param("specee.top_k", format!("'specee.top_k' must be 0 (off) or more, got {k}")))?;
+            }
+            if let Some(p) = x.min_p {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(ApiError::invalid_param("specee.min_p", format!("'specee.min_p' must be between 0 and 1, got {p}")));
+                }
+                sampling.min_p = p as f32;
+            }
+            if let Some(p) = x.repeat_penalty {
+                if !(p > 0.0 && p <= 10.0) {
+                    return Err(ApiError::invalid_param("specee.repeat_penalty", format!("'specee.repeat_penalty' must be in (0, 10], got {p}")));
+                }
+                sampling.repeat_penalty = p as f32;
+            }
+            stop_at_eog = !x.ignore_eos.unwrap_or(false);
+        }
+        Ok(GenerationRequest { input, max_tokens: self.max_tokens, sampling, stop, stop_at_eog, mode, stream, include_usage })
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // The standard library's per-process random keys, mixed with the time.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
+}
+
+fn max_tokens(name: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v < 1 => Err(ApiError::invalid_param(name, format!("'{name}' must be at least 1, got {v}"))),
+        // Above the context it is capped once the prompt's length is known.
+        Some(v) => Ok(Some(usize::try_from(v).unwrap_or(usize::MAX))),
+    }
+}
+
+fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) if n > 1 => Err(ApiError::unsupported("n", format!("'n' = {n}: this server returns one choice per request (n = 1)"))),
+        Some(n) => Err(ApiError::invalid_param("n", format!("'n' must be at least 1, got {n}"))),
+    }
+}
+
+fn chat_message(index: usize, m: wire::ChatMessage) -> Result<Message, ApiError> {
+    let at = |field: &str| format!("messages[{index}].{field}");
+    check_extra_fields(&m.extra, &format!("messages[{index}]."))?;
+    let role = match m.role.as_str() {
+        "system" | "user" | "assistant" => m.role.clone(),
+        // OpenAI's newer name for system instructions.
+        "developer" => "system".to_string(),
+        "tool" | "function" => {
+            return Err(ApiError::unsupported(at("role"), format!("role '{}' needs tool calling, which this server does not support", m.role)))
+        }
+        other => return Err(ApiError::invalid_param(at("role"), format!("unknown role '{other}' (expected system, developer, user or assistant)"))),
+    };
+    let content = match m.content {
+        None => return Err(ApiError::invalid_param(at("content"), format!("'{}' is missing", at("content")))),
+        Some(MessageContent::Text(t)) => t,
+        Some(MessageContent::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.into_iter().enumerate() {
+                match (part.kind.as_str(), part.text) {
+                    ("text", Some(t)) => text.push_str(&t),
+                    ("text", None) => return Err(ApiError::invalid_param(at(&format!("content[{j}].text")), "a text part needs 'text'")),
+                    (other, _) => {
+                        return Err(ApiError::unsupported(
+                            at(&format!("content[{j}].type")),
+                            format!("content parts of type '{other}' are not supported (only 'text')"),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+    };
+    Ok(Message { role, content })
+}
+
+fn token_ids(ids: Vec<i64>, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid_param("prompt", "'prompt' is an empty list of token ids"));
+    }
+    ids.into_iter()
+        .map(|id| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&t| (t as usize) < vocab_size)
+                .ok_or_else(|| ApiError::invalid_param("prompt", format!("token id {id} is outside the vocabulary (0..{vocab_size})")))
+        })
+        .collect()
+}
+
+/// How the server treats a field it does not implement.
+enum Extra {
+    /// Accepted and ignored whatever its value (bookkeeping the server has no use for).
+    Benign,
+    /// Accepted only when it asks for nothing (`false`, `0`, `{}`, `[]`, the given value); else a 400.
+    OnlyNeutral(&'static str),
+}
+
+fn extra_policy(name: &str) -> Option<Extra> {
+    Some(match name {
+        "user" | "metadata" | "store" | "service_tier" | "parallel_tool_calls" | "prompt_cache_key" | "safety_identifier" | "name" => {
+            Extra::Benign
+        }
+        "logprobs" | "top_logprobs" => Extra::OnlyNeutral("log probabilities are not supported"),
+        "tools" | "tool_choice" | "functions" | "function_call" | "tool_calls" | "tool_call_id" => {
+            Extra::OnlyNeutral("tool calling is not supported")
+        }
+        "response_format" => Extra::OnlyNeutral("only {\"type\": \"text\"} responses are supported"),
+        "frequency_penalty" | "presence_penalty" => {
+            Extra::OnlyNeutral("frequency and presence penalties are not supported (see specee.repeat_penalty)")
+        }
+        "logit_bias" => Extra::OnlyNeutral("logit bias is not supported"),
+        "echo" => Extra::OnlyNeutral("echoing the prompt is not supported"),
+        "best_of" => Extra::OnlyNeutral("best_of is not supported"),
+        "suffix" => Extra::OnlyNeutral("suffixes (fill-in-the-middle) are not supported"),
+        "modalities" => Extra::OnlyNeutral("only text output is supported"),
+        "audio" | "prediction" | "web_search_options" | "reasoning_effort" | "verbosity" => {
+            Extra::OnlyNeutral("this feature is not supported")
+        }
+        _ => return None,
+    })
+}
+
+/// Whether `value` asks for nothing.
+fn is_neutral(name: &str, value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => true,
+        Value::Number(n) => n.as_f64() == Some(if name == "best_of" { 1.0 } else { 0.0 }),
+        Value::String(s) => s.is_empty() || (s == "none" && matches!(name, "tool_choice" | "function_call")),
+        Value::Array(a) => a.is_empty() || (name == "modalities" && a.iter().all(|m| m == "text")),
+        Value::Object(o) => o.is_empty() || (name == "response_format" && o.len() == 1 && o.get("type").is_some_and(|t| t == "text")),
+        Value::Bool(true) => false,
+    }
+}
+
+/// Refuses unknown fields and unsupported features among `extra` (fields the wire type does not name).
+fn check_extra_fields(extra: &Map<String, Value>, prefix: &str) -> Result<(), ApiError> {
+    for (name, value) in extra {
+        let param = format!("{prefix}{name}");
+        match extra_policy(name) {
+            Some(Extra::Benign) => {}
+            Some(Extra::OnlyNeutral(why)) => {
+                if !is_neutral(name, value) {
+                    return Err(ApiError::unsupported(param.clone(), format!("'{param}': {why} by this server")));
+                }
+            }
+            None => return Err(ApiError::invalid_param(param.clone(), format!("unrecognized request argument supplied: '{param}'")).with_code("unknown_parameter")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ChatCompletionRequest, CompletionRequest};
+
+    fn defaults() -> RequestDefaults {
+        RequestDefaults { mode: Mode::Dense, vocab_size: 100 }
+    }
+
+    fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
+        chat_request(parse_body::<ChatCompletionRequest>(body.as_bytes())?, &defaults())
+    }
+
+    fn completion(body: &str) -> Result<GenerationRequest, ApiError> {
+        completion_request(parse_body::<CompletionRequest>(body.as_bytes())?, &defaults())
+    }
+
+    fn param(e: ApiError) -> Option<String> {
+        assert_eq!(e.status.as_u16(), 400, "{e}");
+        e.param
+    }
+
+    #[test]
+    fn minimal_chat_gets_defaults() {
+        let r = chat(r#"{"model": "x", "messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
+        assert_eq!(r.input, PromptInput::Chat(vec![Message::new("user", "hi")]));
+        assert_eq!(r.max_tokens, None);
+        assert_eq!(r.sampling.temperature, 1.0);
+        assert_eq!(r.sampling.top_p, 1.0);
+        assert_eq!(r.mode, Mode::Dense);
+        assert!(!r.stream && r.stop.is_empty() && r.stop_at_eog);
+    }
+
+    #[test]
+    fn benign_fields_accepted() {
+        let r = chat(
+            r#"{"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                "n": 1, "user": "u", "stream": true, "stream_options": {"include_usage": true}, "logprobs": false,
+                "response_format": {"type": "text"}, "tools": [], "seed": -1, "stop": "x", "temperature": 0}"#,
+        )
+        .unwrap();
+        assert_eq!(r.input, PromptInput::Chat(vec![Message::new("system", "ab")]));
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.sampling.seed, u64::MAX);
+        assert_eq!(r.stop, vec!["x"]);
+    }
+
+    #[test]
+    fn unsupported_and_unknown_fields_refused() {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        for (extra, want) in [
+            (r#""n": 2"#, "n"),
+            (r#""n": 0"#, "n"),
+            (r#""tools": [{"type": "function"}]"#, "tools"),
+            (r#""logprobs": true"#, "logprobs"),
+            (r#""response_format": {"type": "json_object"}"#, "response_format"),
+            (r#""frobnicate": 1"#, "frobnicate"),
+            (r#""max_tokens": -5"#, "max_tokens"),
+            (r#""max_tokens": 0"#, "max_tokens"),
+            (r#""max_tokens": "many""#, "max_tokens"),
+            (r#""temperature": 3"#, "temperature"),
+            (r#""top_p": -0.1"#, "top_p"),
+            (r#""stop": 7"#, "stop"),
+            (r#""stop": [""]"#, "stop"),
+            (r#""specee": {"mode": "warp"}"#, "specee.mode"),
+            (r#""specee": {"speed": 11}"#, "specee.speed"),
+            (r#""stream_options": {"include_usage": true}"#, "stream_options"),
+        ] {
+            let e = chat(&format!("{{{msgs}, {extra}}}")).unwrap_err();
+            assert_eq!(param(e).as_deref(), Some(want), "{extra}");
+        }
+        assert_eq!(param(chat(r#"{"messages": []}"#).unwrap_err()).as_deref(), Some("messages"));
+        assert_eq!(param(chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#).unwrap_err()).as_deref(), Some("messages[0].role"));
+        assert_eq!(param(chat(r#"{"messages": [{"role": "user", "content": 3}]}"#).unwrap_err()).as_deref(), Some("messages[0].content"));
+        assert_eq!(
+            param(chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#).unwrap_err()).as_deref(),
+            Some("messages[0].content[0].type")
+        );
+        assert_eq!(param(chat(r#"{"messages": [{"role": "user"}]}"#).unwrap_err()).as_deref(), Some("messages[0].content"));
+        assert!(chat(r#"{"prompt": "x"}"#).unwrap_err().message.contains("messages"));
+    }
+
+    #[test]
+    fn malformed_bodies() {
+        assert!(chat("{").unwrap_err().message.contains("not valid JSON"));
+        assert!(chat("[1]").unwrap_err().message.contains("JSON object"));
+        assert!(chat("").is_err());
+    }
+
+    #[test]
+    fn completions_prompts() {
+        let r = completion(r#"{"prompt": "Once"}"#).unwrap();
+        assert_eq!(r.input, PromptInput::Text("Once".into()));
+        assert_eq!(r.max_tokens, Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
+        assert_eq!(completion(r#"{"prompt": [[1, 2]], "max_tokens": 99999999999}"#).unwrap().input, PromptInput::Tokens(vec![1, 2]));
+        assert_eq!(param(completion(r#"{"prompt": ["a", "b"]}"#).unwrap_err()).as_deref(), Some("prompt"));
+        assert_eq!(param(completion(r#"{"prompt": [100]}"#).unwrap_err()).as_deref(), Some("prompt"));
+        assert_eq!(param(completion(r#"{"prompt": [-1]}"#).unwrap_err()).as_deref(), Some("prompt"));
+        assert_eq!(param(completion(r#"{"prompt": ""}"#).unwrap_err()).as_deref(), Some("prompt"));
+        assert_eq!(param(completion(r#"{"prompt": "x", "echo": true}"#).unwrap_err()).as_deref(), Some("echo"));
+        assert!(completion(r#"{"prompt": "x", "echo": false, "best_of": 1, "suffix": null}"#).is_ok());
+    }
+}

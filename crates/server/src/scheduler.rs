@@ -1,0 +1,262 @@
+//! Admission and generation: a bounded number of requests admitted (`--parallel` generating plus `--queue`
+//! waiting; beyond that [`Scheduler::submit`] answers 429), and `--parallel` dedicated worker threads that
+//! run the engine — generation never runs on the async executor.
+//!
+//! Each job carries a channel back to its handler; the worker sends [`Event::Started`] once the prompt is
+//! rendered, tokenized and fits the context (or [`Event::Failed`]), then [`Event::Text`] pieces when
+//! streaming, then [`Event::Done`]. A handler that goes away (the client disconnected) drops its receiver:
+//! a queued job is then skipped, and a running one stops at its next token because the engine's `on_text`
+//! callback returns `false`. A panic inside a generation is caught and answered with a 500.
+
+use crate::error::{ApiError, ServerError};
+use crate::holdback::Holdback;
+use crate::metrics::{Metrics, Outcome};
+use crate::mode::{DecodeStats, Mode};
+use crate::request::{GenerationRequest, PromptInput};
+use crate::wire::{SpeceeInfo, Usage};
+use engine::{Engine, EngineError, FinishReason, GenerateParams};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What a worker tells the handler waiting for a job.
+#[derive(Debug)]
+pub enum Event {
+    /// The prompt fits; generation starts.
+    Started { prompt_tokens: usize },
+    /// Streamed text (only for streaming requests).
+    Text(String),
+    /// Generation finished.
+    Done(Box<Finished>),
+    /// The request failed (before or, for a 500, during generation).
+    Failed(ApiError),
+}
+
+/// A finished generation, as the handler answers it.
+#[derive(Debug)]
+pub struct Finished {
+    pub text: String,
+    /// OpenAI's `finish_reason`: `stop` or `length`.
+    pub finish_reason: &'static str,
+    pub usage: Usage,
+    pub info: SpeceeInfo,
+}
+
+/// A request waiting for a worker.
+pub struct Job {
+    pub request: GenerationRequest,
+    pub events: UnboundedSender<Event>,
+}
+
+/// Sizes of the scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Requests generated at once (worker threads).
+    pub parallel: usize,
+    /// Requests that may wait beyond those.
+    pub queue: usize,
+    /// Context size, tokens.
+    pub ctx: usize,
+    /// Compute threads of each generation.
+    pub threads_per_request: usize,
+}
+
+struct Worker {
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
+    ctx: usize,
+    threads: usize,
+    n_layers: usize,
+    /// Jobs admitted and not yet finished (queued + running).
+    admitted: Arc<AtomicUsize>,
+}
+
+/// The queue and its workers.
+pub struct Scheduler {
+    sender: Mutex<Option<mpsc::Sender<Job>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    admitted: Arc<AtomicUsize>,
+    limit: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Scheduler {
+    /// Starts `config.parallel` worker threads.
+    pub fn start(engine: Arc<Engine>, metrics: Arc<Metrics>, config: &SchedulerConfig) -> Result<Scheduler, ServerError> {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        let admitted = Arc::new(AtomicUsize::new(0));
+        let n_layers = engine.model.config.n_layers;
+        let mut workers = Vec::new();
+        for index in 0..config.parallel.max(1) {
+            let worker = Worker {
+                engine: Arc::clone(&engine),
+                metrics: Arc::clone(&metrics),
+                ctx: config.ctx,
+                threads: config.threads_per_request.max(1),
+                n_layers,
+                admitted: Arc::clone(&admitted),
+            };
+            let receiver = Arc::clone(&receiver);
+            let handle = std::thread::Builder::new()
+                .name(format!("specee-generate-{index}"))
+                .spawn(move || worker.run(&receiver))
+                .map_err(|e| ServerError::Config(format!("cannot start generation thread {index}: {e}")))?;
+            workers.push(handle);
+        }
+        Ok(Scheduler {
+            sender: Mutex::new(Some(sender)),
+            workers: Mutex::new(workers),
+            admitted,
+            limit: config.parallel.max(1) + config.queue,
+            metrics,
+        })
+    }
+
+    /// Queues a job, or answers 429 when `parallel + queue` jobs are already admitted (503 once closed).
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let admitted = self.admitted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1));
+        if admitted.is_err() {
+            return Err(ApiError::overloaded(
+                format!("the server is busy ({} requests generating or queued); retry shortly", self.limit),
+                1,
+            ));
+        }
+        self.metrics.queued.fetch_add(1, Ordering::AcqRel);
+        let sent = self.sender.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|s| s.send(job).is_ok());
+        match sent {
+            Some(true) => Ok(()),
+            _ => {
+                self.metrics.queued.fetch_sub(1, Ordering::AcqRel);
+                self.admitted.fetch_sub(1, Ordering::AcqRel);
+                Err(ApiError::shutting_down())
+            }
+        }
+    }
+
+    /// Stops taking jobs, lets the workers finish the queued ones, and waits for them.
+    pub fn close(&self) {
+        self.sender.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Worker {
+    fn run(self, receiver: &Mutex<mpsc::Receiver<Job>>) {
+        loop {
+            let job = {
+                let rx = receiver.lock().unwrap_or_else(|p| p.into_inner());
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            };
+            self.metrics.queued.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.in_flight.fetch_add(1, Ordering::AcqRel);
+            self.run_job(job);
+            // Free the slot before the gauge says so, so that a client seeing 0 in flight can be admitted.
+            self.admitted.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn run_job(&self, job: Job) {
+        let Job { request, events } = job;
+        if events.is_closed() {
+            // The client left while the job was queued.
+            self.metrics.record_generation(request.mode, Outcome::Cancelled, 0, DecodeStats::default(), None);
+            return;
+        }
+        let error = match catch_unwind(AssertUnwindSafe(|| self.generate(&request, &events))) {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(panic) => {
+                let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+                ApiError::internal(format!("generation failed: {}", what.unwrap_or_else(|| "panic".into())))
+            }
+        };
+        if error.status.is_server_error() {
+            eprintln!("specee serve: {error}");
+            self.metrics.record_generation(request.mode, Outcome::Error, 0, DecodeStats::default(), None);
+        }
+        let _ = events.send(Event::Failed(error));
+    }
+
+    fn generate(&self, request: &GenerationRequest, events: &UnboundedSender<Event>) -> Result<(), ApiError> {
+        let engine = &*self.engine;
+        let prompt_ids = match &request.input {
+            PromptInput::Chat(messages) => engine.tokenize_prompt(&engine.render_chat(messages)?),
+            PromptInput::Text(text) => engine.tokenize_prompt(text),
+            PromptInput::Tokens(ids) => ids.clone(),
+        };
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt.into());
+        }
+        if prompt_ids.len() >= self.ctx {
+            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx: self.ctx }.into());
+        }
+        let room = self.ctx - prompt_ids.len();
+        let params = GenerateParams {
+            max_tokens: request.max_tokens.map_or(room, |m| m.min(room)),
+            sampling: request.sampling.clone(),
+            stop_at_eog: request.stop_at_eog,
+            stop: request.stop.clone(),
+        };
+        if events.send(Event::Started { prompt_tokens: prompt_ids.len() }).is_err() {
+            self.metrics.record_generation(request.mode, Outcome::Cancelled, 0, DecodeStats::default(), None);
+            return Ok(());
+        }
+        let mut holdback = Holdback::new(request.stop.clone());
+        let on_text = |piece: &str| {
+            if !request.stream {
+                return !events.is_closed();
+            }
+            let ready = holdback.push(piece);
+            if ready.is_empty() {
+                !events.is_closed()
+            } else {
+                events.send(Event::Text(ready.to_string())).is_ok()
+            }
+        };
+        let generation = match request.mode {
+            Mode::Dense => engine.generate(&prompt_ids, &params, self.ctx, self.threads, on_text)?,
+        };
+        let stats = request.mode.decode_stats(&generation, self.n_layers);
+        let timings = generation.timings;
+        let (outcome, finish_reason) = match generation.finish {
+            FinishReason::Stop => (Outcome::Stop, "stop"),
+            FinishReason::Length => (Outcome::Length, "length"),
+            FinishReason::Cancelled => (Outcome::Cancelled, ""),
+        };
+        let speed = (timings.decode_tokens > 1).then(|| timings.decode_tokens_per_s());
+        self.metrics.record_generation(request.mode, outcome, prompt_ids.len(), stats, speed);
+        if outcome == Outcome::Cancelled {
+            return Ok(());
+        }
+        if request.stream {
+            let rest = holdback.finish(&generation.text);
+            if !rest.is_empty() {
+                let _ = events.send(Event::Text(rest.to_string()));
+            }
+        }
+        let completion_tokens = generation.generated_ids.len();
+        let finished = Finished {
+            text: generation.text,
+            finish_reason,
+            usage: Usage { prompt_tokens: prompt_ids.len(), completion_tokens, total_tokens: prompt_ids.len() + completion_tokens },
+            info: SpeceeInfo {
+                mode: request.mode.name(),
+                prompt_tokens_per_second: timings.prompt_tokens_per_s(),
+                decode_tokens_per_second: timings.decode_tokens_per_s(),
+            },
+        };
+        let _ = events.send(Event::Done(Box::new(finished)));
+        Ok(())
+    }
+}
