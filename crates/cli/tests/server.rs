@@ -116,8 +116,17 @@ fn send_request(port: u16, method: &str, path: &str, body: &[u8]) -> TcpStream {
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();
-    // A server may answer (413) before reading a large body and close: ignore write errors.
-    let _ = s.write_all(body);
+    if body.len() <= 64 << 10 {
+        s.write_all(body).unwrap();
+        return s;
+    }
+    // A server may answer (413) before reading a large body and close. Write from another thread (ignoring
+    // errors) so the caller reads the answer as soon as it comes, before a reset can discard it.
+    let mut writer = s.try_clone().expect("clone stream");
+    let body = body.to_vec();
+    std::thread::spawn(move || {
+        let _ = writer.write_all(&body);
+    });
     s
 }
 
