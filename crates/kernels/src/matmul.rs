@@ -3,8 +3,9 @@
 //! activation row, for "head rows").
 //!
 //! Steps, as in ggml's CPU `mul_mat`: (1) quantize the activations once to the weight type's vec-dot
-//! format ([`crate::quantize`]), into a reusable [`MatmulScratch`]; (2) split the weight rows evenly across
-//! the pool's threads; (3) each thread walks its rows in small chunks and, per chunk, calls the row kernel
+//! format ([`crate::quantize`]), in parallel for many rows, into a reusable [`MatmulScratch`]; (2) split
+//! the weight rows into contiguous chunks (about 8 per thread) that the pool's threads claim; (3) each
+//! thread walks its chunk in pieces of [`ROW_CHUNK`] rows and, per piece, calls the row kernel
 //! on tiles of up to [`TILE`] activation rows, so each weight block is loaded once per tile.
 
 use crate::kernel::{row_kernel, Isa, TILE};
@@ -15,6 +16,8 @@ use gguf::GgmlType;
 
 /// Weight rows handled per kernel call (the output tile lives on the stack).
 const ROW_CHUNK: usize = 16;
+/// Row chunks per thread in a parallel product (dynamic claiming balances the load).
+const CHUNKS_PER_THREAD: usize = 8;
 /// Below this many weight bytes × activation tiles the product runs on the calling thread only.
 const SERIAL_BYTES: usize = 24 * 1024;
 
@@ -104,7 +107,7 @@ pub(crate) fn matmul_isa(
         panic!("matmul: unsupported type {} (QMatrix::new rejects it)", w.ty.name());
     };
     scratch.acts.reserve(kind, n_tokens, cols);
-    scratch.acts.quantize_tokens(kind, x, cols, 0..n_tokens);
+    scratch.acts.quantize_tokens_parallel(pool, kind, x, cols, n_tokens);
     let acts = scratch.acts.view(kind, x, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let work = |row_range: std::ops::Range<usize>| {
@@ -136,7 +139,10 @@ pub(crate) fn matmul_isa(
     if n == 1 || rows * rb * tiles < SERIAL_BYTES || rows < 2 {
         work(0..rows);
     } else {
-        pool.run(&|i, n| work(split_range(rows, i, n)));
+        // Contiguous chunks of whole ROW_CHUNKs, about CHUNKS_PER_THREAD per thread, claimed
+        // dynamically: balanced even when a thread is slowed down or arrives late.
+        let chunk = rows.div_ceil(n * CHUNKS_PER_THREAD).div_ceil(ROW_CHUNK) * ROW_CHUNK;
+        pool.run_items(rows.div_ceil(chunk), &|i| work(i * chunk..((i + 1) * chunk).min(rows)));
     }
 }
 

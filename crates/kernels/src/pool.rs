@@ -1,50 +1,96 @@
 //! A small persistent thread pool tuned for the many tiny parallel regions of LLM decoding.
 //!
 //! [`ThreadPool::new(n)`](ThreadPool::new) starts `n - 1` worker threads; the thread that calls
-//! [`ThreadPool::run`] is thread 0 and takes part in the work. A job is published by bumping an atomic
-//! generation counter; workers spin on it briefly (decode issues a matmul every few microseconds), then
-//! yield, then park. No allocation happens per call. A panic inside the job is caught on every thread and
-//! re-raised on the caller once all threads are done, so the pool never deadlocks.
+//! [`ThreadPool::run`] takes part in the work. A job of `n` items is published by storing a new
+//! generation in one atomic word whose low bits count claimed items; threads claim items by
+//! compare-exchange, so a worker that is late (descheduled on a busy machine) costs nothing: the caller
+//! runs the unclaimed items and waits only for claimed ones. Idle workers spin on the word (decode
+//! issues a matmul every few microseconds), then yield, then park. No allocation happens per call. A
+//! panic inside the job is caught and re-raised on the caller once all items are done, so the pool never
+//! deadlocks.
 //!
 //! [`parallel_for`] splits `0..n_items` into one contiguous range per thread.
 
 use std::any::Any;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// The job as workers see it: a pointer to the caller's `&dyn Fn` (valid until every worker is done).
-type JobRef<'a> = &'a (dyn Fn(usize, usize) + Sync);
+/// The job as workers see it: a pointer to the caller's `&dyn Fn(item)` (valid while items remain).
+type JobRef<'a> = &'a (dyn Fn(usize) + Sync);
 
-/// How long an idle worker spins on the generation counter before it starts yielding, then parking.
-const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How long an idle worker spins on the job state before it starts yielding, then parking
+/// (long enough to cover the serial work between two matmuls of a decode step: norms, attention).
+const SPIN_FOR: Duration = Duration::from_micros(300);
 /// How long the caller spins waiting for workers before yielding (a worker may be descheduled).
-const WAIT_SPIN_FOR: Duration = Duration::from_micros(20);
+const WAIT_SPIN_FOR: Duration = Duration::from_micros(50);
 const YIELD_FOR: Duration = Duration::from_millis(3);
+/// Low bits of `state` hold the next unclaimed item, high bits the job generation.
+const ITEM_BITS: u32 = 24;
+const ITEM_MASK: u64 = (1 << ITEM_BITS) - 1;
 
 struct Shared {
-    /// Bumped once per job; workers run the job when they see a new value.
-    generation: AtomicUsize,
-    /// Workers that finished the current job.
-    done: AtomicUsize,
+    /// `generation << ITEM_BITS | next unclaimed item`. A job is published by storing a new generation
+    /// with item 0; items are claimed by compare-exchange, so a thread that arrives late (descheduled,
+    /// parked) finds nothing left and never touches a finished job: the caller waits only for items
+    /// that were actually claimed, and does the unclaimed ones itself.
+    state: AtomicU64,
+    /// Items of the current job.
+    n_items: AtomicUsize,
+    /// Items of the current job that are done.
+    finished: AtomicUsize,
     /// Points at a `JobRef` on the caller's stack while a job runs.
     job: AtomicPtr<()>,
     shutdown: AtomicBool,
-    /// First panic payload caught on a worker during the current job.
+    /// First panic payload caught during the current job.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     n_threads: usize,
     /// One flag per worker: set while that worker is (about to be) parked.
     sleeping: Box<[AtomicBool]>,
 }
 
-/// A fixed set of threads that all run each job given to [`ThreadPool::run`].
+impl Shared {
+    /// Claims and runs items of generation `generation` until none are left.
+    fn work(&self, generation: u64) {
+        loop {
+            let s = self.state.load(Ordering::Acquire);
+            if s >> ITEM_BITS != generation {
+                return;
+            }
+            let item = (s & ITEM_MASK) as usize;
+            let ptr = self.job.load(Ordering::Acquire) as *const JobRef<'_>;
+            if item >= self.n_items.load(Ordering::Acquire) {
+                return;
+            }
+            if self.state.compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                continue;
+            }
+            // SAFETY: the claim succeeded on generation `generation` with an item left, so that job is
+            // still running (its caller waits until every item is finished) and `job`, published before
+            // the generation, still points at its closure (a newer job can only be published after
+            // this item is finished).
+            let job: JobRef<'_> = unsafe { *ptr };
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(item))) {
+                let mut slot = self.panic.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_none() {
+                    *slot = Some(payload);
+                }
+            }
+            self.finished.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// A fixed set of threads that share the items of each job given to [`ThreadPool::run`] /
+/// [`ThreadPool::run_items`].
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<(JoinHandle<()>, Thread)>,
     /// Serialises concurrent callers; a nested call from inside a job runs serially instead.
     busy: Mutex<()>,
+    generation: AtomicU64,
 }
 
 impl ThreadPool {
@@ -52,8 +98,9 @@ impl ThreadPool {
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            generation: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
+            state: AtomicU64::new(0),
+            n_items: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             shutdown: AtomicBool::new(false),
             panic: Mutex::new(None),
@@ -71,7 +118,7 @@ impl ThreadPool {
                 (handle, thread)
             })
             .collect();
-        ThreadPool { shared, workers, busy: Mutex::new(()) }
+        ThreadPool { shared, workers, busy: Mutex::new(()), generation: AtomicU64::new(0) }
     }
 
     /// Number of threads that run each job (workers + the caller).
@@ -79,12 +126,27 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
-    /// Runs `f(thread_index, n_threads)` once on every thread and returns when all calls are done.
-    /// A panic in any call is re-raised here after all threads finished.
+    /// Runs `f(index, n_threads)` once for every `index < n_threads` and returns when all calls are
+    /// done. Calls run in parallel on the pool's threads; an index is never run twice, but one thread
+    /// may run several indices (e.g. when a worker is descheduled), so per-index scratch is safe,
+    /// per-OS-thread state is not. A panic in any call is re-raised here after all calls finished.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
         let n = self.shared.n_threads;
-        if n == 1 {
-            f(0, 1);
+        self.run_items(n, &|i| f(i, n));
+    }
+
+    /// Runs `f(item)` once for every `item < n_items`, the items claimed dynamically by the pool's
+    /// threads (the caller included), and returns when all are done. A panic is re-raised here.
+    ///
+    /// # Panics
+    /// If `n_items >= 2^24`.
+    pub fn run_items(&self, n_items: usize, f: &(dyn Fn(usize) + Sync)) {
+        assert!((n_items as u64) < ITEM_MASK, "run_items: too many items ({n_items})");
+        if n_items == 0 {
+            return;
+        }
+        if self.shared.n_threads == 1 || n_items == 1 {
+            (0..n_items).for_each(f);
             return;
         }
         // A nested or concurrent call must not wait on workers that are busy with the outer job.
@@ -92,26 +154,27 @@ impl ThreadPool {
             std::sync::TryLockError::Poisoned(p) => Ok(p.into_inner()),
             std::sync::TryLockError::WouldBlock => Err(()),
         }) else {
-            for i in 0..n {
-                f(i, n);
-            }
+            (0..n_items).for_each(f);
             return;
         };
         let shared = &*self.shared;
         let job: JobRef<'_> = f;
-        shared.done.store(0, Ordering::Relaxed);
+        let generation = (self.generation.load(Ordering::Relaxed) + 1) & (u64::MAX >> ITEM_BITS);
+        self.generation.store(generation, Ordering::Relaxed);
+        shared.finished.store(0, Ordering::Relaxed);
+        shared.n_items.store(n_items, Ordering::Relaxed);
         shared.job.store(&job as *const JobRef<'_> as *mut (), Ordering::Relaxed);
-        shared.generation.fetch_add(1, Ordering::SeqCst);
+        shared.state.store(generation << ITEM_BITS, Ordering::SeqCst);
         for (i, (_, thread)) in self.workers.iter().enumerate() {
             if shared.sleeping[i].load(Ordering::SeqCst) {
                 thread.unpark();
             }
         }
-        let own = catch_unwind(AssertUnwindSafe(|| f(0, n)));
-        // Wait for the workers: spin first, then yield (a worker may have been descheduled).
+        shared.work(generation);
+        // Wait for claimed items still running: spin first, then yield (a worker may be descheduled).
         let start = Instant::now();
         let mut spins = 0u32;
-        while shared.done.load(Ordering::Acquire) < n - 1 {
+        while shared.finished.load(Ordering::Acquire) < n_items {
             spins = spins.wrapping_add(1);
             if spins % 32 != 0 || start.elapsed() < WAIT_SPIN_FOR {
                 std::hint::spin_loop();
@@ -120,25 +183,21 @@ impl ThreadPool {
             }
         }
         shared.job.store(std::ptr::null_mut(), Ordering::Relaxed);
-        let worker_panic = shared.panic.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Err(payload) = own {
-            resume_unwind(payload);
-        }
-        if let Some(payload) = worker_panic {
+        if let Some(payload) = shared.panic.lock().unwrap_or_else(|p| p.into_inner()).take() {
             resume_unwind(payload);
         }
     }
 }
 
 fn worker_loop(shared: &Shared, index: usize) {
-    let mut seen = 0usize;
+    let mut seen = 0u64;
     let sleeping = &shared.sleeping[index - 1];
     loop {
         // Wait for a new generation.
         let start = Instant::now();
         let mut spins = 0u32;
         let generation = loop {
-            let g = shared.generation.load(Ordering::Acquire);
+            let g = shared.state.load(Ordering::Acquire) >> ITEM_BITS;
             if g != seen || shared.shutdown.load(Ordering::Acquire) {
                 break g;
             }
@@ -154,8 +213,8 @@ fn worker_loop(shared: &Shared, index: usize) {
                 thread::yield_now();
             } else {
                 sleeping.store(true, Ordering::SeqCst);
-                // Re-check after announcing sleep: the caller checks `sleeping` after bumping.
-                if shared.generation.load(Ordering::SeqCst) == seen && !shared.shutdown.load(Ordering::SeqCst) {
+                // Re-check after announcing sleep: the caller checks `sleeping` after publishing.
+                if shared.state.load(Ordering::SeqCst) >> ITEM_BITS == seen && !shared.shutdown.load(Ordering::SeqCst) {
                     thread::park_timeout(Duration::from_millis(100));
                 }
                 sleeping.store(false, Ordering::SeqCst);
@@ -165,17 +224,7 @@ fn worker_loop(shared: &Shared, index: usize) {
             return;
         }
         seen = generation;
-        let ptr = shared.job.load(Ordering::Relaxed) as *const JobRef<'_>;
-        // SAFETY: the caller published `job` before bumping `generation` (Release/Acquire) and keeps
-        // the referenced closure alive until `done` reaches n - 1, which happens only after this call.
-        let job: JobRef<'_> = unsafe { *ptr };
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(index, shared.n_threads))) {
-            let mut slot = shared.panic.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                *slot = Some(payload);
-            }
-        }
-        shared.done.fetch_add(1, Ordering::Release);
+        shared.work(generation);
     }
 }
 
@@ -221,8 +270,7 @@ pub fn parallel_for(pool: &ThreadPool, n_items: usize, f: impl Fn(std::ops::Rang
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
-
+    
     #[test]
     fn many_quick_runs_complete() {
         // 100k runs on two threads; fewer with one, and with three (more threads than CI's cores).

@@ -53,6 +53,16 @@ pub(crate) struct Acts<'a> {
     /// Q8_0/Q8_1: each block's `d` repeated 8 times (one 8-lane vector per block).
     pub dexp: &'a [f32],
     pub s: &'a [f32],
+    /// Q8_0/Q8_1, blocks taken in pairs (A, B) = (2k, 2k+1): per pair 64 bytes
+    /// `[A y0..16, B y0..16, A y16..32, B y16..32]` (one nibble-unpacked register of two Q4 blocks); an
+    /// odd last block keeps the plain layout. Row `t` starts at `t * cols`.
+    pub qp: &'a [i8],
+    /// Q8_0/Q8_1: per pair 8 floats `[dA x4, dB x4]`; row `t` starts at `t * nb * 4`.
+    pub dp4: &'a [f32],
+    /// Q8_0/Q8_1: per pair 8 floats `[dA, dA, dB, dB, dA, dA, dB, dB]`; row `t` starts at `t * nb * 4`.
+    pub dp2: &'a [f32],
+    /// Q8_1: per block 2 floats `[0, s]`; row `t` starts at `t * nb * 2`.
+    pub s2: &'a [f32],
     pub bsums: &'a [i16],
     pub f: &'a [f32],
     pub cols: usize,
@@ -67,9 +77,65 @@ pub(crate) struct ActBuffers {
     pub d: Vec<f32>,
     pub dexp: Vec<f32>,
     pub s: Vec<f32>,
+    pub qp: Vec<i8>,
+    pub dp4: Vec<f32>,
+    pub dp2: Vec<f32>,
+    pub s2: Vec<f32>,
     pub bsums: Vec<i16>,
     pub f: Vec<f32>,
 }
+
+/// Raw pointers into the [`ActBuffers`] (taken once, so threads never form references to the vectors
+/// themselves), shared by the threads of a parallel quantization, each writing disjoint token rows.
+#[derive(Clone, Copy)]
+pub(crate) struct ActPtr {
+    qs: (*mut i8, usize),
+    qu: (*mut u8, usize),
+    d: (*mut f32, usize),
+    dexp: (*mut f32, usize),
+    s: (*mut f32, usize),
+    qp: (*mut i8, usize),
+    dp4: (*mut f32, usize),
+    dp2: (*mut f32, usize),
+    s2: (*mut f32, usize),
+    bsums: (*mut i16, usize),
+    f: (*mut f32, usize),
+}
+
+fn raw<T>(v: &mut [T]) -> (*mut T, usize) {
+    (v.as_mut_ptr(), v.len())
+}
+
+impl ActPtr {
+    fn new(b: &mut ActBuffers) -> ActPtr {
+        ActPtr {
+            qs: raw(&mut b.qs),
+            qu: raw(&mut b.qu),
+            d: raw(&mut b.d),
+            dexp: raw(&mut b.dexp),
+            s: raw(&mut b.s),
+            qp: raw(&mut b.qp),
+            dp4: raw(&mut b.dp4),
+            dp2: raw(&mut b.dp2),
+            s2: raw(&mut b.s2),
+            bsums: raw(&mut b.bsums),
+            f: raw(&mut b.f),
+        }
+    }
+}
+
+/// `len` elements of the buffer `(ptr, total)` from `at` (bounds-checked).
+///
+/// # Safety
+/// The buffer must be live and the range not accessed by anyone else during the borrow.
+unsafe fn part<'a, T>(buf: (*mut T, usize), at: usize, len: usize) -> &'a mut [T] {
+    assert!(at + len <= buf.1, "activation buffer not reserved");
+    std::slice::from_raw_parts_mut(buf.0.add(at), len)
+}
+// SAFETY: used only by `ActBuffers::quantize_tokens_parallel`, where each thread quantizes a disjoint
+// range of token rows (disjoint elements of every buffer) and the buffers are not resized meanwhile.
+unsafe impl Send for ActPtr {}
+unsafe impl Sync for ActPtr {}
 
 fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
     if v.len() < n {
@@ -89,6 +155,10 @@ impl ActBuffers {
                 grow(&mut self.d, n_tokens * cols / QK);
                 grow(&mut self.dexp, n_tokens * cols / QK * 8);
                 grow(&mut self.s, n_tokens * cols / QK);
+                grow(&mut self.qp, n_tokens * cols);
+                grow(&mut self.dp4, n_tokens * cols / QK * 4);
+                grow(&mut self.dp2, n_tokens * cols / QK * 4);
+                grow(&mut self.s2, n_tokens * cols / QK * 2);
             }
             ActKind::Q8K => {
                 grow(&mut self.qs, n_tokens * cols);
@@ -101,42 +171,36 @@ impl ActBuffers {
     /// Quantizes token rows `tokens` of `x` (each `cols` long) into the buffers. `reserve` must have
     /// been called for at least `tokens.end` rows.
     pub fn quantize_tokens(&mut self, kind: ActKind, x: &[f32], cols: usize, tokens: std::ops::Range<usize>) {
+        let me = ActPtr::new(self);
         for t in tokens {
-            let xr = &x[t * cols..(t + 1) * cols];
-            match kind {
-                ActKind::F32 => {}
-                ActKind::F16 => {
-                    for (o, &v) in self.f[t * cols..(t + 1) * cols].iter_mut().zip(xr) {
-                        *o = f16_to_f32(f32_to_f16(v));
-                    }
-                }
-                ActKind::BF16 => {
-                    for (o, &v) in self.f[t * cols..(t + 1) * cols].iter_mut().zip(xr) {
-                        *o = bf16_to_f32(f32_to_bf16(v));
-                    }
-                }
-                ActKind::Q8_0 | ActKind::Q8_1 => {
-                    let nb = cols / QK;
-                    let qs = &mut self.qs[t * cols..(t + 1) * cols];
-                    let d = &mut self.d[t * nb..(t + 1) * nb];
-                    let s = &mut self.s[t * nb..(t + 1) * nb];
-                    quantize_q8_row(xr, qs, d, s, kind == ActKind::Q8_1);
-                    for (u, &q) in self.qu[t * cols..(t + 1) * cols].iter_mut().zip(qs.iter()) {
-                        *u = (q as u8) ^ 0x80;
-                    }
-                    for (e, &dv) in self.dexp[t * nb * 8..(t + 1) * nb * 8].chunks_exact_mut(8).zip(d.iter()) {
-                        e.fill(dv);
-                    }
-                }
-                ActKind::Q8K => {
-                    let nb = cols / QK_K;
-                    let qs = &mut self.qs[t * cols..(t + 1) * cols];
-                    let d = &mut self.d[t * nb..(t + 1) * nb];
-                    let bsums = &mut self.bsums[t * nb * 16..(t + 1) * nb * 16];
-                    quantize_q8k_row(xr, qs, d, bsums);
-                }
-            }
+            // SAFETY: `me` points into `self`, borrowed mutably for this call; one row at a time.
+            unsafe { quantize_token(me, kind, x, cols, t) };
         }
+    }
+
+    /// [`quantize_tokens`](Self::quantize_tokens) of rows `0..n_tokens`, split across the pool's
+    /// threads when there are enough rows to pay for the hand-off. Same results.
+    pub fn quantize_tokens_parallel(
+        &mut self,
+        pool: &crate::ThreadPool,
+        kind: ActKind,
+        x: &[f32],
+        cols: usize,
+        n_tokens: usize,
+    ) {
+        // Roughly 1 µs per 1k elements on one thread: split only when each thread gets several µs.
+        if pool.n_threads() == 1 || n_tokens < 2 || n_tokens * cols < 8 * 1024 || kind == ActKind::F32 {
+            self.quantize_tokens(kind, x, cols, 0..n_tokens);
+            return;
+        }
+        let me = ActPtr::new(self);
+        crate::pool::parallel_for(pool, n_tokens, |range| {
+            for t in range {
+                // SAFETY: every token row is quantized by exactly one thread and writes only that
+                // row's elements; `self` is exclusively borrowed for the duration of this call.
+                unsafe { quantize_token(me, kind, x, cols, t) };
+            }
+        });
     }
 
     /// A view of the first `n_tokens` rows (`x` is the original activation, used for F32).
@@ -150,7 +214,90 @@ impl ActBuffers {
             ActKind::F32 => x,
             _ => &self.f,
         };
-        Acts { qs: &self.qs, qu: &self.qu, d: &self.d, dexp: &self.dexp, s: &self.s, bsums: &self.bsums, f, cols, nb }
+        Acts {
+            qs: &self.qs,
+            qu: &self.qu,
+            d: &self.d,
+            dexp: &self.dexp,
+            s: &self.s,
+            qp: &self.qp,
+            dp4: &self.dp4,
+            dp2: &self.dp2,
+            s2: &self.s2,
+            bsums: &self.bsums,
+            f,
+            cols,
+            nb,
+        }
+    }
+}
+
+/// Quantizes token row `t` of `x` into the buffers behind `me` (see [`ActBuffers::quantize_tokens`]).
+///
+/// # Safety
+/// `me` must point at live buffers reserved for more than `t` rows, and no other thread may access
+/// row `t`'s elements (or resize the buffers) during the call.
+unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: usize) {
+    let b = me;
+    let xr = &x[t * cols..(t + 1) * cols];
+    match kind {
+        ActKind::F32 => {}
+        ActKind::F16 => {
+            let f = part(b.f, t * cols, cols);
+            for (o, &v) in f.iter_mut().zip(xr) {
+                *o = f16_to_f32(f32_to_f16(v));
+            }
+        }
+        ActKind::BF16 => {
+            let f = part(b.f, t * cols, cols);
+            for (o, &v) in f.iter_mut().zip(xr) {
+                *o = bf16_to_f32(f32_to_bf16(v));
+            }
+        }
+        ActKind::Q8_0 | ActKind::Q8_1 => {
+            let nb = cols / QK;
+            let qs = part(b.qs, t * cols, cols);
+            let d = part(b.d, t * nb, nb);
+            let s = part(b.s, t * nb, nb);
+            quantize_q8_row(xr, qs, d, s, kind == ActKind::Q8_1);
+            let qu = part(b.qu, t * cols, cols);
+            for (u, &q) in qu.iter_mut().zip(qs.iter()) {
+                *u = (q as u8) ^ 0x80;
+            }
+            let dexp = part(b.dexp, t * nb * 8, nb * 8);
+            for (e, &dv) in dexp.chunks_exact_mut(8).zip(d.iter()) {
+                e.fill(dv);
+            }
+            let qp = part(b.qp, t * cols, cols);
+            let dp4 = part(b.dp4, t * nb * 4, nb * 4);
+            let dp2 = part(b.dp2, t * nb * 4, nb * 4);
+            for k in 0..nb / 2 {
+                let (ya, yb) = (&qs[64 * k..64 * k + 32], &qs[64 * k + 32..64 * k + 64]);
+                let o = &mut qp[64 * k..64 * k + 64];
+                o[..16].copy_from_slice(&ya[..16]);
+                o[16..32].copy_from_slice(&yb[..16]);
+                o[32..48].copy_from_slice(&ya[16..]);
+                o[48..].copy_from_slice(&yb[16..]);
+                let (da, db) = (d[2 * k], d[2 * k + 1]);
+                dp4[8 * k..8 * k + 8].copy_from_slice(&[da, da, da, da, db, db, db, db]);
+                dp2[8 * k..8 * k + 8].copy_from_slice(&[da, da, db, db, da, da, db, db]);
+            }
+            if nb % 2 == 1 {
+                qp[cols - 32..].copy_from_slice(&qs[cols - 32..]);
+            }
+            let s2 = part(b.s2, t * nb * 2, nb * 2);
+            for (o, &sv) in s2.chunks_exact_mut(2).zip(s.iter()) {
+                o[0] = 0.0;
+                o[1] = sv;
+            }
+        }
+        ActKind::Q8K => {
+            let nb = cols / QK_K;
+            let qs = part(b.qs, t * cols, cols);
+            let d = part(b.d, t * nb, nb);
+            let bsums = part(b.bsums, t * nb * 16, nb * 16);
+            quantize_q8k_row(xr, qs, d, bsums);
+        }
     }
 }
 
@@ -158,6 +305,62 @@ impl ActBuffers {
 /// f16, `q = round_half_even(x * (127 / amax))`; for Q8_1 `s = f16(d * sum(q))` with the unrounded `d`.
 /// For Q8_0 `s` receives `f16(d) * sum(q)` (our kernels use it; ggml's Q8_0 has no `s`).
 pub(crate) fn quantize_q8_row(x: &[f32], qs: &mut [i8], d_out: &mut [f32], s_out: &mut [f32], q8_1: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernel::Isa::Avx2.available() {
+        // SAFETY: the CPU has AVX2/FMA/F16C.
+        unsafe { quantize_q8_row_avx2(x, qs, d_out, s_out, q8_1) };
+        return;
+    }
+    quantize_q8_row_scalar(x, qs, d_out, s_out, q8_1)
+}
+
+/// [`quantize_q8_row`] with AVX2, as ggml's x86 build: the same max, `d`, `id`, products rounded to
+/// nearest-even (`vroundps`) and integer sums, so the results are bit-identical to the scalar version.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_row_avx2(x: &[f32], qs: &mut [i8], d_out: &mut [f32], s_out: &mut [f32], q8_1: bool) {
+    use std::arch::x86_64::*;
+    let nb = x.len() / QK;
+    assert!(qs.len() >= nb * QK && d_out.len() >= nb && s_out.len() >= nb);
+    let sign_bit = _mm256_set1_ps(-0.0);
+    for b in 0..nb {
+        let p = x.as_ptr().add(b * QK);
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let mut m = _mm256_andnot_ps(sign_bit, v[0]);
+        for vi in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign_bit, *vi));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let amax = _mm_cvtss_f32(m4);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let idv = _mm256_set1_ps(id);
+        let r: [__m256i; 4] = std::array::from_fn(|i| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                v[i], idv,
+            )))
+        });
+        let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+        let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
+        let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b10_11_00_01>(s4));
+        let isum = _mm_cvtsi128_si32(s4);
+        // Pack to bytes in order (packs work per 128-bit lane, then fix the lane order).
+        let w01 = _mm256_packs_epi32(r[0], r[1]);
+        let w23 = _mm256_packs_epi32(r[2], r[3]);
+        let bytes = _mm256_packs_epi16(w01, w23);
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(qs.as_mut_ptr().add(b * QK) as *mut __m256i, bytes);
+        let d16 = f16_to_f32(f32_to_f16(d));
+        d_out[b] = d16;
+        s_out[b] = if q8_1 { f16_to_f32(f32_to_f16(d * isum as f32)) } else { d16 * isum as f32 };
+    }
+}
+
+/// [`quantize_q8_row`] without SIMD (the reference).
+pub(crate) fn quantize_q8_row_scalar(x: &[f32], qs: &mut [i8], d_out: &mut [f32], s_out: &mut [f32], q8_1: bool) {
     for ((xb, qb), (d_o, s_o)) in
         x.chunks_exact(QK).zip(qs.chunks_exact_mut(QK)).zip(d_out.iter_mut().zip(s_out.iter_mut()))
     {
@@ -230,6 +433,43 @@ mod tests {
             let amax = x[b * 32..b * 32 + 32].iter().fold(0.0f32, |m, v| m.max(v.abs()));
             assert!(qs[b * 32..b * 32 + 32].iter().any(|q| q.abs() == 127) || amax == 0.0);
         }
+    }
+
+    #[test]
+    fn q8_simd_quantization_is_bit_identical_to_scalar() {
+        let mut rng = Rng(99);
+        for n in [32usize, 64, 96, 576] {
+            for scale in [1e-6f32, 1.0, 300.0] {
+                let mut x: Vec<f32> = (0..n).map(|_| rng.f32() * scale).collect();
+                // Exact halves after scaling, zeros, a block of zeros.
+                x[1] = 0.0;
+                x[5] = -x[7];
+                if n >= 64 {
+                    x[32..64].fill(0.0);
+                }
+                for q8_1 in [false, true] {
+                    let nb = n / 32;
+                    let (mut qa, mut da, mut sa) = (vec![0i8; n], vec![0.0; nb], vec![0.0; nb]);
+                    let (mut qb, mut db, mut sb) = (vec![0i8; n], vec![0.0; nb], vec![0.0; nb]);
+                    quantize_q8_row(&x, &mut qa, &mut da, &mut sa, q8_1);
+                    quantize_q8_row_scalar(&x, &mut qb, &mut db, &mut sb, q8_1);
+                    assert_eq!(qa, qb);
+                    assert_eq!(da.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), db.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    assert_eq!(sa.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), sb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                }
+            }
+        }
+        // Ties: values that land exactly on .5 after scaling round to even in both.
+        let mut x = vec![0.0f32; 32];
+        x[0] = 127.0;
+        for (i, v) in x.iter_mut().enumerate().skip(1) {
+            *v = i as f32 + 0.5;
+        }
+        let (mut qa, mut da, mut sa) = (vec![0i8; 32], vec![0.0; 1], vec![0.0; 1]);
+        let (mut qb, mut db, mut sb) = (vec![0i8; 32], vec![0.0; 1], vec![0.0; 1]);
+        quantize_q8_row(&x, &mut qa, &mut da, &mut sa, true);
+        quantize_q8_row_scalar(&x, &mut qb, &mut db, &mut sb, true);
+        assert_eq!((qa, da, sa), (qb, db, sb));
     }
 
     #[test]

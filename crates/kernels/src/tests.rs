@@ -156,6 +156,64 @@ fn simd_levels_match_scalar_on_ragged_shapes() {
 }
 
 #[test]
+fn simd_matches_scalar_on_long_rows() {
+    // Rows longer than one offset segment of the two-block kernels (64 blocks), with an odd tail.
+    let mut rng = Rng(0x1357_9bdf_2468_ace0);
+    let pool = ThreadPool::new(2);
+    let mut scratch = MatmulScratch::default();
+    let levels: Vec<Isa> = [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()).collect();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for cols in [32 * 131, 32 * 128] {
+            let rows = 5;
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+            let wf = dequantized(ty, &data, rows, cols);
+            for n_tokens in [1, 3, 8, 9] {
+                let x = random_x(n_tokens * cols, &mut rng);
+                let mag = magnitude(&wf, &x, rows, cols, n_tokens);
+                let mut want = vec![0.0; n_tokens * rows];
+                matmul_isa(Isa::Scalar, &pool, &w, &x, n_tokens, &mut want, &mut scratch);
+                for &isa in &levels {
+                    let mut got = vec![f32::NAN; n_tokens * rows];
+                    matmul_isa(isa, &pool, &w, &x, n_tokens, &mut got, &mut scratch);
+                    for i in 0..got.len() {
+                        assert!(
+                            ((got[i] - want[i]) as f64).abs() <= 1e-5 * mag[i] + 1e-6,
+                            "{ty} {isa:?} {rows}x{cols} n={n_tokens} i={i}: {} vs {}",
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn parallel_activation_quantization_equals_serial() {
+    let mut rng = Rng(5);
+    let pool = ThreadPool::new(3);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+        let kind = act_kind(ty).unwrap();
+        let (n_tokens, cols) = (37, 768);
+        let x = random_x(n_tokens * cols, &mut rng);
+        let (mut a, mut b) = (ActBuffers::default(), ActBuffers::default());
+        a.reserve(kind, n_tokens, cols);
+        b.reserve(kind, n_tokens, cols);
+        a.quantize_tokens(kind, &x, cols, 0..n_tokens);
+        b.quantize_tokens_parallel(&pool, kind, &x, cols, n_tokens);
+        assert_eq!(a.qs, b.qs, "{ty}");
+        assert_eq!(a.qp, b.qp, "{ty}");
+        assert_eq!(a.bsums, b.bsums, "{ty}");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for (va, vb) in [(&a.d, &b.d), (&a.s, &b.s), (&a.dp4, &b.dp4), (&a.dp2, &b.dp2), (&a.s2, &b.s2), (&a.f, &b.f)] {
+            assert_eq!(bits(va), bits(vb), "{ty}");
+        }
+    }
+}
+
+#[test]
 fn matmul_rows_equals_matmul_and_threads_agree() {
     let mut rng = Rng(42);
     let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();

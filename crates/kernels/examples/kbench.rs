@@ -1,0 +1,102 @@
+//! Quick kernel timing without criterion: `cargo run --release -p kernels --example kbench -- [threads] [filter]`.
+//! Prints min and median time per matmul (GB/s of weights on the min) for decode/multi-row shapes, and the
+//! pool's per-`run` latency. Min-of-many is used because the development machine is shared.
+
+use gguf::GgmlType;
+use kernels::{matmul, MatmulScratch, QMatrix, ThreadPool};
+use std::time::Instant;
+
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let bytes = ty.row_bytes(cols).unwrap() * rows;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut data: Vec<u8> = (0..bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    };
+    if matches!(ty, GgmlType::F16 | GgmlType::BF16 | GgmlType::F32) {
+        data.iter_mut().for_each(|b| *b &= 0x3f);
+    }
+    for block in data.chunks_exact_mut(ty.type_size()) {
+        for &f in fields {
+            block[f..f + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+        }
+    }
+    data
+}
+
+fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let mut ts: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (ts[0], ts[reps / 2])
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: usize = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(2);
+    let filter = args.get(2).cloned().unwrap_or_default();
+    let pool = ThreadPool::new(threads);
+    println!("isa {} threads {threads}", kernels::detected_isa());
+    if filter.is_empty() || filter == "pool" {
+        let (min, med) = time(20, || {
+            for _ in 0..10_000 {
+                pool.run(&|_, _| {});
+            }
+        });
+        println!("pool run: min {:.2} us  median {:.2} us", min * 1e2, med * 1e2);
+        if filter == "pool" {
+            return;
+        }
+    }
+    let shapes = [
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q8_0, 49152, 576),
+        (GgmlType::Q8_0, 262144, 640),
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q8_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+    ];
+    for (ty, rows, cols) in shapes {
+        let name = format!("{}_{rows}x{cols}", ty.name());
+        if !filter.is_empty() && !name.contains(&filter) {
+            continue;
+        }
+        let data = random_matrix(ty, rows, cols);
+        let w = QMatrix::new(ty, &data, rows, cols).unwrap();
+        let mut line = format!("{name:<18}");
+        let mut base = 0.0;
+        for n in [1usize, 2, 4, 8, 16] {
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+            let mut out = vec![0.0; n * rows];
+            let mut scratch = MatmulScratch::default();
+            let reps = (2_000_000_000 / (data.len() * n.max(2))).clamp(5, 400);
+            let (min, _med) = time(reps, || matmul(&pool, &w, &x, n, &mut out, &mut scratch));
+            if n == 1 {
+                base = min;
+                line += &format!(" n1 {:8.1}us {:5.1}GB/s |", min * 1e6, data.len() as f64 / min / 1e9);
+            } else {
+                line += &format!(" n{n} {:4.2}x", min / base);
+            }
+        }
+        println!("{line}");
+    }
+}
