@@ -4,9 +4,13 @@
 //!   penalty), seeded and reproducible.
 //! - [`dense`]: plain autoregressive decoding through every layer — the reference every other strategy is
 //!   measured against.
+//! - [`speculative`]: lossless tree speculative decoding (EAGLE-2 style trees, batched tree verification, greedy
+//!   and rejection-sampling acceptance, KV-cache compaction) behind a [`speculative::Proposer`] trait.
 
 pub mod dense;
 pub mod sampling;
+pub mod speculative;
 
 pub use dense::DenseDecoder;
 pub use sampling::{Sampler, SamplingParams};
+pub use speculative::SpeculativeDecoder;

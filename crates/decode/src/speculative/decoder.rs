@@ -1,0 +1,272 @@
+//! [`SpeculativeDecoder`]: the propose → verify → accept → compact loop over one sequence, shaped like
+//! [`crate::DenseDecoder`] (feed a prompt, then step), with [`SpeculativeStats`] (acceptance length τ, target
+//! forwards, time drafting vs verifying).
+//!
+//! State invariant: `tokens` holds every committed token; the KV cache holds all of them but the last (the
+//! *root*), which the next step's verification runs together with the draft tree. So a step's first logits row
+//! (the root's) gives the same next-token distribution dense decoding would sample from.
+
+use super::acceptance::{accept_greedy, accept_sampled, Acceptance, AcceptanceScratch, NodeLogits};
+use super::proposer::{DraftContext, FeatureSource, Proposer};
+use super::tree::DraftTree;
+use super::verify::Verifier;
+use super::SpeculativeError;
+use crate::sampling::{Rng, SamplingParams};
+use model::{KvCache, Model, ModelError, Workspace};
+use std::time::{Duration, Instant};
+
+/// Counters of a [`SpeculativeDecoder`] since it was built (or since [`SpeculativeDecoder::reset_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpeculativeStats {
+    /// Steps, i.e. batched target forwards over a draft tree.
+    pub target_forwards: usize,
+    /// Tokens committed by those steps (accepted draft tokens plus one bonus token per step).
+    pub committed_tokens: usize,
+    /// Draft nodes sent to verification (roots not counted).
+    pub drafted_nodes: usize,
+    /// Draft tokens accepted.
+    pub accepted_drafts: usize,
+    /// Time inside the proposer.
+    pub draft_time: Duration,
+    /// Time in the target forward over the tree, acceptance and cache compaction.
+    pub verify_time: Duration,
+    /// Time prefilling fed tokens.
+    pub prefill_time: Duration,
+}
+
+impl SpeculativeStats {
+    /// τ: mean tokens committed per target forward, bonus token included (1.0 = no speed-up from drafting).
+    pub fn acceptance_length(&self) -> f64 {
+        if self.target_forwards == 0 {
+            0.0
+        } else {
+            self.committed_tokens as f64 / self.target_forwards as f64
+        }
+    }
+
+    /// Share of drafting in the decode time (drafting + verification).
+    pub fn draft_share(&self) -> f64 {
+        let total = (self.draft_time + self.verify_time).as_secs_f64();
+        if total > 0.0 {
+            self.draft_time.as_secs_f64() / total
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Lossless tree speculative decoding of one sequence with a [`Proposer`].
+pub struct SpeculativeDecoder<'m, P: Proposer> {
+    model: &'m Model,
+    kv: KvCache,
+    ws: Workspace,
+    proposer: P,
+    params: SamplingParams,
+    rng: Rng,
+    feature_source: FeatureSource,
+    feature_width: usize,
+    /// Committed tokens; all but the last are in the cache.
+    tokens: Vec<u32>,
+    /// Feature rows of `tokens[..len - 1]`.
+    features: Vec<f32>,
+    /// Leading tokens unchanged since the proposer last saw the context.
+    stable_prefix: usize,
+    tree: DraftTree,
+    verifier: Verifier,
+    acceptance: Acceptance,
+    scratch: AcceptanceScratch,
+    stats: SpeculativeStats,
+}
+
+impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
+    /// A decoder with a context of `ctx` tokens and `threads` threads, drafting with `proposer` and committing
+    /// tokens as `sampling` would (greedy: exactly dense greedy decoding; otherwise the same distribution).
+    pub fn new(model: &'m Model, ctx: usize, threads: usize, proposer: P, sampling: SamplingParams) -> Self {
+        let feature_source = proposer.feature_source();
+        let feature_width = feature_source.width(model.config.n_embd);
+        SpeculativeDecoder {
+            model,
+            kv: model.new_cache(ctx),
+            ws: Workspace::new(threads),
+            proposer,
+            rng: Rng::new(sampling.seed),
+            params: sampling,
+            feature_source,
+            feature_width,
+            tokens: Vec::new(),
+            features: Vec::new(),
+            stable_prefix: 0,
+            tree: DraftTree::new(0),
+            verifier: Verifier::default(),
+            acceptance: Acceptance::default(),
+            scratch: AcceptanceScratch::default(),
+            stats: SpeculativeStats::default(),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Every committed token (fed and generated).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Context capacity.
+    pub fn capacity(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &SpeculativeStats {
+        &self.stats
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_stats(&mut self) {
+        self.stats = SpeculativeStats::default();
+    }
+
+    /// The proposer.
+    pub fn proposer(&self) -> &P {
+        &self.proposer
+    }
+
+    /// The proposer, mutably (e.g. to change its settings between steps).
+    pub fn proposer_mut(&mut self) -> &mut P {
+        &mut self.proposer
+    }
+
+    /// The last draft tree that was verified.
+    pub fn last_tree(&self) -> &DraftTree {
+        &self.tree
+    }
+
+    /// Forgets everything but the counters.
+    pub fn reset(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Rolls the sequence back to its first `len` committed tokens.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.tokens.len() {
+            return;
+        }
+        self.tokens.truncate(len);
+        self.kv.truncate(len.saturating_sub(1));
+        self.features.truncate(len.saturating_sub(1) * self.feature_width);
+        self.stable_prefix = self.stable_prefix.min(len);
+    }
+
+    /// Appends `tokens` (a prompt, or a user's next turn) to the committed context. The target runs all of them
+    /// but the last now; the last becomes the root of the next step.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<(), SpeculativeError> {
+        let Some((&last, rest)) = tokens.split_last() else { return Ok(()) };
+        let needed = self.tokens.len() + tokens.len();
+        if needed > self.kv.capacity() {
+            return Err(ModelError::ContextFull { needed, capacity: self.kv.capacity() }.into());
+        }
+        let t0 = Instant::now();
+        // The previous root (if any) has not been run yet: it goes first.
+        let mut batch = Vec::with_capacity(tokens.len());
+        batch.extend(self.tokens.last().copied());
+        batch.extend_from_slice(rest);
+        let cached = self.kv.seq_len();
+        if let Err(e) = self.verifier.prefill(self.model, &batch, &mut self.kv, &mut self.ws, &self.feature_source) {
+            self.kv.truncate(cached);
+            return Err(e.into());
+        }
+        self.features.extend_from_slice(self.verifier.features());
+        self.tokens.extend_from_slice(rest);
+        self.tokens.push(last);
+        self.stats.prefill_time += t0.elapsed();
+        Ok(())
+    }
+
+    /// One speculative step: drafts a tree, verifies it in one target forward and commits 1 to `depth + 1` tokens,
+    /// which it returns.
+    pub fn step(&mut self) -> Result<&[u32], SpeculativeError> {
+        self.step_at_most(usize::MAX)
+    }
+
+    /// [`SpeculativeDecoder::step`], committing at most `max_tokens` tokens (at least 1): the tree is cut below
+    /// depth `max_tokens - 1`. Use it to stop exactly at a length limit.
+    pub fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], SpeculativeError> {
+        let root = *self.tokens.last().ok_or(SpeculativeError::EmptyContext)?;
+        let start = self.kv.seq_len();
+        let room = self.kv.capacity().saturating_sub(start);
+        if room == 0 {
+            return Err(ModelError::ContextFull { needed: start + 1, capacity: self.kv.capacity() }.into());
+        }
+
+        // 1. Propose (unless only the root could be verified anyway).
+        let t0 = Instant::now();
+        self.tree.reset(root);
+        if max_tokens > 1 && room > 1 {
+            let context = DraftContext {
+                tokens: &self.tokens,
+                features: &self.features,
+                feature_width: self.feature_width,
+                stable_prefix: self.stable_prefix,
+            };
+            self.proposer.propose(&context, &mut self.tree)?;
+            self.stable_prefix = self.tokens.len();
+        }
+        self.tree.prune_deeper_than(max_tokens.max(1) - 1);
+        self.tree.truncate(room);
+        let vocab = self.model.config.vocab_size;
+        if let Some((node, n)) = self.tree.nodes().iter().enumerate().find(|(_, n)| n.token as usize >= vocab) {
+            return Err(SpeculativeError::BadDraftToken { node, token: n.token, vocab });
+        }
+        let t1 = Instant::now();
+        self.stats.draft_time += t1 - t0;
+
+        // 2. Verify.
+        let logits =
+            match self.verifier.verify_tree(self.model, &self.tree, &mut self.kv, &mut self.ws, &self.feature_source) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.kv.truncate(start);
+                    return Err(e.into());
+                }
+            };
+
+        // 3. Accept.
+        let logits = NodeLogits { data: logits, vocab };
+        if self.params.temperature <= 0.0 {
+            accept_greedy(&self.tree, logits, &self.params, &self.tokens, &mut self.scratch, &mut self.acceptance);
+        } else {
+            accept_sampled(
+                &self.tree,
+                logits,
+                &self.params,
+                &self.tokens,
+                &mut self.rng,
+                &mut self.scratch,
+                &mut self.acceptance,
+            );
+        }
+
+        // 4. Compact the cache to root + accepted path, and commit.
+        let path = &self.acceptance.path;
+        self.kv.compact(start, path);
+        let width = self.feature_width;
+        if width > 0 {
+            let rows = self.verifier.features();
+            for &i in path {
+                self.features.extend_from_slice(&rows[i * width..(i + 1) * width]);
+            }
+        }
+        let first_new = self.tokens.len();
+        self.tokens.extend(path[1..].iter().map(|&i| self.tree.node(i).token));
+        self.tokens.push(self.acceptance.bonus);
+        self.stats.verify_time += t1.elapsed();
+        self.stats.target_forwards += 1;
+        self.stats.committed_tokens += self.tokens.len() - first_new;
+        self.stats.drafted_nodes += self.tree.len() - 1;
+        self.stats.accepted_drafts += path.len() - 1;
+        Ok(&self.tokens[first_new..])
+    }
+}

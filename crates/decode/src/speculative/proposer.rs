@@ -1,0 +1,85 @@
+//! The proposer role: anything that can draft a tree of likely continuations — a prompt-lookup n-gram matcher,
+//! an oracle for tests, or a trained EAGLE draft head.
+//!
+//! An EAGLE head drafts from `(token, feature)` pairs: the feature of the token at position `i` (the target's
+//! hidden state there) together with the token at `i + 1` predicts the token at `i + 2`. The decoder therefore
+//! keeps, for every committed token the target has already run (all but the root), the feature rows the proposer
+//! asks for ([`FeatureSource`]), and hands them over in [`DraftContext`]: the root's draft pairs the last feature
+//! row with the root token.
+
+use super::tree::DraftTree;
+use super::SpeculativeError;
+
+/// Which of the target's hidden states a proposer needs for every committed token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FeatureSource {
+    /// None (n-gram and oracle proposers): the decoder stores nothing.
+    #[default]
+    None,
+    /// The last layer's output after the final RMS norm (`n_embd` per token): the feature of EAGLE-1/2 heads.
+    FinalNorm,
+    /// The residual stream entering each listed layer (`n_embd` per layer per token, concatenated in the listed
+    /// order); layer index `n_layers` means the last layer's output before the final norm. EAGLE-3 heads fuse
+    /// three such rows (low, middle and high layers).
+    LayerInputs(Vec<usize>),
+}
+
+impl FeatureSource {
+    /// Floats per token for a model with `n_layers` layers of width `n_embd`.
+    pub fn width(&self, n_embd: usize) -> usize {
+        match self {
+            FeatureSource::None => 0,
+            FeatureSource::FinalNorm => n_embd,
+            FeatureSource::LayerInputs(layers) => n_embd * layers.len(),
+        }
+    }
+}
+
+/// What a proposer sees when asked for a tree.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftContext<'a> {
+    /// Every committed token; the last one is the root of the tree to draft (the target has not run it yet).
+    pub tokens: &'a [u32],
+    /// Feature rows of `tokens[..tokens.len() - 1]`, `feature_width` floats each (empty for
+    /// [`FeatureSource::None`]).
+    pub features: &'a [f32],
+    /// Floats per feature row.
+    pub feature_width: usize,
+    /// How many leading tokens (and their feature rows) are unchanged since the previous call: a proposer that
+    /// caches work (an EAGLE head's own KV cache) keeps that much and recomputes the rest. 0 after a reset.
+    pub stable_prefix: usize,
+}
+
+impl DraftContext<'_> {
+    /// The root token (the last committed one).
+    pub fn root(&self) -> Option<u32> {
+        self.tokens.last().copied()
+    }
+
+    /// Feature row of committed token `i` (`i < tokens.len() - 1`).
+    pub fn feature(&self, i: usize) -> Option<&[f32]> {
+        let w = self.feature_width;
+        self.features.get(i * w..(i + 1) * w).filter(|_| w > 0)
+    }
+}
+
+/// Drafts a tree of continuations under the last committed token.
+pub trait Proposer {
+    /// The target features this proposer needs (asked once, when the decoder is built).
+    fn feature_source(&self) -> FeatureSource {
+        FeatureSource::None
+    }
+
+    /// Grows `tree` (which holds only the root, `context`'s last token) with draft nodes. Leaving it empty is
+    /// allowed: the step then commits exactly one token, as dense decoding would.
+    fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError>;
+}
+
+impl<P: Proposer + ?Sized> Proposer for Box<P> {
+    fn feature_source(&self) -> FeatureSource {
+        (**self).feature_source()
+    }
+    fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
+        (**self).propose(context, tree)
+    }
+}

@@ -1,0 +1,349 @@
+//! Draft trees: [`DraftTree`] (the root — the last committed token — plus drafted nodes in topological order,
+//! each with its parent, depth and draft log-probabilities), the ancestor mask and positions the verifier needs,
+//! and [`build_dynamic_tree`], the EAGLE-2 dynamic tree builder (Li et al., 2024, arXiv:2406.16858, Alg. 1):
+//! expand the `top_k` nodes with the best cumulative log-probability at each depth, keep every candidate they
+//! produce, and finally rerank all candidates to a node `budget`.
+
+/// Index of the root in every [`DraftTree`].
+pub const ROOT: usize = 0;
+
+/// One node of a draft tree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftNode {
+    /// The drafted token (for the root: the last committed token).
+    pub token: u32,
+    /// Index of the parent node, always smaller than this node's index (the root is its own parent).
+    pub parent: usize,
+    /// Distance from the root (the root has depth 0).
+    pub depth: usize,
+    /// The draft's log-probability of `token` after its parent (0 for the root).
+    pub log_prob: f32,
+    /// Sum of `log_prob` along the path from the root: the draft's confidence that the whole path is right.
+    pub score: f32,
+}
+
+/// A draft tree: node 0 is the root, every other node comes after its parent (topological order), so any prefix
+/// of the node list is itself a tree.
+#[derive(Clone, Debug)]
+pub struct DraftTree {
+    nodes: Vec<DraftNode>,
+    /// Per node: when its children were *sampled* without replacement from a draft distribution, that
+    /// distribution as `(token, probability)` pairs. `None`: the children were chosen deterministically (top-k),
+    /// which rejection sampling treats as a point mass on each child in turn.
+    child_distributions: Vec<Option<Vec<(u32, f32)>>>,
+}
+
+impl DraftTree {
+    /// A tree holding only its root.
+    pub fn new(root_token: u32) -> DraftTree {
+        let mut tree = DraftTree { nodes: Vec::new(), child_distributions: Vec::new() };
+        tree.reset(root_token);
+        tree
+    }
+
+    /// Empties the tree down to a new root.
+    pub fn reset(&mut self, root_token: u32) {
+        self.nodes.clear();
+        self.child_distributions.clear();
+        self.nodes.push(DraftNode { token: root_token, parent: ROOT, depth: 0, log_prob: 0.0, score: 0.0 });
+        self.child_distributions.push(None);
+    }
+
+    /// Adds a child of `parent` and returns its index.
+    ///
+    /// # Panics
+    /// If `parent` is not a node of the tree (a bug in the proposer, not bad input).
+    pub fn push(&mut self, parent: usize, token: u32, log_prob: f32) -> usize {
+        assert!(parent < self.nodes.len(), "draft tree: parent {parent} of a new node does not exist");
+        let p = self.nodes[parent];
+        self.nodes.push(DraftNode { token, parent, depth: p.depth + 1, log_prob, score: p.score + log_prob });
+        self.child_distributions.push(None);
+        self.nodes.len() - 1
+    }
+
+    /// Declares that the children of `node` were sampled without replacement from `distribution`
+    /// (`(token, probability)` pairs, probabilities summing to 1), in the order they were pushed.
+    pub fn set_child_distribution(&mut self, node: usize, distribution: Vec<(u32, f32)>) {
+        self.child_distributions[node] = Some(distribution);
+    }
+
+    /// How the children of `node` were drawn (see [`DraftTree::set_child_distribution`]).
+    pub fn child_distribution(&self, node: usize) -> Option<&[(u32, f32)]> {
+        self.child_distributions[node].as_deref()
+    }
+
+    /// Number of nodes, root included.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tree holds only its root.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.len() <= 1
+    }
+
+    /// All nodes, root first.
+    pub fn nodes(&self) -> &[DraftNode] {
+        &self.nodes
+    }
+
+    /// One node.
+    pub fn node(&self, i: usize) -> &DraftNode {
+        &self.nodes[i]
+    }
+
+    /// The root's token.
+    pub fn root_token(&self) -> u32 {
+        self.nodes[ROOT].token
+    }
+
+    /// Children of `node`, in the order they were added.
+    pub fn children(&self, node: usize) -> impl Iterator<Item = usize> + '_ {
+        (node + 1..self.nodes.len()).filter(move |&j| self.nodes[j].parent == node)
+    }
+
+    /// Largest depth in the tree.
+    pub fn depth(&self) -> usize {
+        self.nodes.iter().map(|n| n.depth).max().unwrap_or(0)
+    }
+
+    /// Tokens on the path from just below the root down to `node` (empty for the root).
+    pub fn path_tokens(&self, node: usize, out: &mut Vec<u32>) {
+        out.clear();
+        let mut i = node;
+        while i != ROOT {
+            out.push(self.nodes[i].token);
+            i = self.nodes[i].parent;
+        }
+        out.reverse();
+    }
+
+    /// Keeps the first `n` nodes (at least the root); they form a tree because parents come first.
+    pub fn truncate(&mut self, n: usize) {
+        self.nodes.truncate(n.max(1));
+        self.child_distributions.truncate(n.max(1));
+    }
+
+    /// Drops every node deeper than `max_depth` (and so all its descendants).
+    pub fn prune_deeper_than(&mut self, max_depth: usize) {
+        if self.depth() <= max_depth {
+            return;
+        }
+        let mut remap = vec![usize::MAX; self.nodes.len()];
+        let mut kept = Vec::with_capacity(self.nodes.len());
+        let mut kept_dists = Vec::with_capacity(self.nodes.len());
+        for (i, node) in self.nodes.iter().enumerate() {
+            if node.depth <= max_depth {
+                remap[i] = kept.len();
+                kept.push(DraftNode { parent: remap[node.parent], ..*node });
+                kept_dists.push(self.child_distributions[i].take());
+            }
+        }
+        self.nodes = kept;
+        self.child_distributions = kept_dists;
+    }
+
+    /// The `len × len` ancestor mask: `mask[j * len + m]` is true iff node `m` is node `j` or one of its ancestors.
+    pub fn ancestor_mask(&self, mask: &mut Vec<bool>) {
+        let n = self.nodes.len();
+        mask.clear();
+        mask.resize(n * n, false);
+        for j in 0..n {
+            mask[j * n + j] = true;
+            if j != ROOT {
+                // A parent's row already holds all of its ancestors.
+                let p = self.nodes[j].parent;
+                let (before, row) = mask.split_at_mut(j * n);
+                row[..n].iter_mut().zip(&before[p * n..p * n + n]).for_each(|(dst, &src)| *dst |= src);
+            }
+        }
+    }
+
+    /// Absolute positions of the nodes when the root sits at position `root_position`.
+    pub fn positions(&self, root_position: u32, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(self.nodes.iter().map(|n| root_position + n.depth as u32));
+    }
+}
+
+/// Sizes of a draft tree. The defaults suit a 2-core CPU, where every extra verified node costs real time;
+/// EAGLE-2 uses depth 5–7, top-k 10 and a budget of 60 on a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeConfig {
+    /// Maximum depth (draft tokens on one path).
+    pub depth: usize,
+    /// Nodes expanded per depth, and children kept per expanded node.
+    pub top_k: usize,
+    /// Maximum number of drafted nodes (the root not included).
+    pub budget: usize,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        TreeConfig { depth: 5, top_k: 4, budget: 20 }
+    }
+}
+
+/// Builds an EAGLE-2 dynamic tree under `tree`'s root (which it resets to that root first).
+///
+/// `expand(pool, frontier, children)` is the draft model: for each node index in `frontier` (nodes of `pool`, a
+/// tree of every candidate so far, whose root is `tree`'s root), it pushes onto `children` one list of
+/// `(token, log_prob)` candidates for that node's next token (any length, any order). At each depth the builder
+/// keeps the `top_k` best children of every expanded node, then expands the `top_k` new nodes with the best
+/// cumulative log-probability at the next depth; at the end the `budget` best candidates overall (by
+/// cumulative log-probability, ties to the shallower and earlier node) become the tree.
+pub fn build_dynamic_tree<E>(
+    config: &TreeConfig,
+    tree: &mut DraftTree,
+    mut expand: impl FnMut(&DraftTree, &[usize], &mut Vec<Vec<(u32, f32)>>) -> Result<(), E>,
+) -> Result<(), E> {
+    let root_token = tree.root_token();
+    let mut pool = DraftTree::new(root_token);
+    let mut frontier = vec![ROOT];
+    let mut children: Vec<Vec<(u32, f32)>> = Vec::new();
+    let mut fresh: Vec<usize> = Vec::new();
+    for _ in 0..config.depth {
+        if frontier.is_empty() || config.top_k == 0 {
+            break;
+        }
+        children.clear();
+        expand(&pool, &frontier, &mut children)?;
+        fresh.clear();
+        for (&parent, kids) in frontier.iter().zip(children.iter_mut()) {
+            kids.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            kids.dedup_by_key(|k| k.0);
+            for &(token, log_prob) in kids.iter().take(config.top_k) {
+                fresh.push(pool.push(parent, token, log_prob));
+            }
+        }
+        // Stable sort: among equal scores the earlier node (child of a better parent) wins.
+        fresh.sort_by(|&a, &b| pool.nodes[b].score.total_cmp(&pool.nodes[a].score));
+        fresh.truncate(config.top_k);
+        frontier.clear();
+        frontier.extend_from_slice(&fresh);
+    }
+    select_best(&pool, config.budget, tree);
+    Ok(())
+}
+
+/// Rebuilds `out` from the `budget` best nodes of `pool` (ancestor-closed, in `pool`'s order).
+fn select_best(pool: &DraftTree, budget: usize, out: &mut DraftTree) {
+    let mut order: Vec<usize> = (1..pool.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (na, nb) = (&pool.nodes[a], &pool.nodes[b]);
+        nb.score.total_cmp(&na.score).then(na.depth.cmp(&nb.depth)).then(a.cmp(&b))
+    });
+    let mut chosen = vec![false; pool.len()];
+    chosen[ROOT] = true;
+    let mut taken = 0;
+    for i in order {
+        if taken == budget {
+            break;
+        }
+        // Log-probabilities are at most 0, so a parent scores at least as well as its child and comes first;
+        // the check only guards against positive "log-probabilities" from a careless draft.
+        if chosen[pool.nodes[i].parent] {
+            chosen[i] = true;
+            taken += 1;
+        }
+    }
+    out.reset(pool.root_token());
+    let mut remap = vec![ROOT; pool.len()];
+    for i in 1..pool.len() {
+        if chosen[i] {
+            let n = pool.nodes[i];
+            remap[i] = out.push(remap[n.parent], n.token, n.log_prob);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Root, two children (1, 2), a grandchild 3 under 2 and a great-grandchild 4 under 3.
+    fn sample_tree() -> DraftTree {
+        let mut t = DraftTree::new(7);
+        t.push(ROOT, 10, -0.5);
+        let b = t.push(ROOT, 11, -1.0);
+        let c = t.push(b, 12, -0.1);
+        t.push(c, 13, -0.2);
+        t
+    }
+
+    #[test]
+    fn mask_holds_exactly_ancestors_and_self() {
+        let t = sample_tree();
+        let mut m = Vec::new();
+        t.ancestor_mask(&mut m);
+        let n = t.len();
+        let rows: Vec<Vec<usize>> = (0..n).map(|j| (0..n).filter(|&k| m[j * n + k]).collect()).collect();
+        assert_eq!(rows, vec![vec![0], vec![0, 1], vec![0, 2], vec![0, 2, 3], vec![0, 2, 3, 4]]);
+    }
+
+    #[test]
+    fn positions_follow_depth_and_scores_accumulate() {
+        let t = sample_tree();
+        let mut p = Vec::new();
+        t.positions(40, &mut p);
+        assert_eq!(p, vec![40, 41, 41, 42, 43]);
+        assert!((t.node(4).score - (-1.3)).abs() < 1e-6);
+        let mut path = Vec::new();
+        t.path_tokens(4, &mut path);
+        assert_eq!(path, vec![11, 12, 13]);
+        assert_eq!(t.children(ROOT).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(t.depth(), 3);
+    }
+
+    #[test]
+    fn pruning_by_depth_keeps_a_valid_tree() {
+        let mut t = sample_tree();
+        t.prune_deeper_than(1);
+        assert_eq!(t.len(), 3);
+        assert!(t.nodes().iter().all(|n| n.depth <= 1 && n.parent == ROOT));
+    }
+
+    /// A made-up draft: the children of a path are tokens `last + 1 ..= last + 4` with log-probabilities
+    /// `-(i + 1) * 0.5`, except that paths through token 2 are very likely.
+    fn toy_expand(pool: &DraftTree, frontier: &[usize], out: &mut Vec<Vec<(u32, f32)>>) -> Result<(), ()> {
+        for &f in frontier {
+            let last = pool.node(f).token;
+            let mut kids: Vec<(u32, f32)> = (0..4).map(|i| (last + 1 + i, -(i as f32 + 1.0) * 0.5)).collect();
+            if last == 1 {
+                kids[0].1 = -0.01; // token 2
+            }
+            out.push(kids);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn dynamic_tree_respects_budget_depth_and_prefers_likely_paths() {
+        let config = TreeConfig { depth: 4, top_k: 2, budget: 6 };
+        let mut t = DraftTree::new(0);
+        build_dynamic_tree(&config, &mut t, toy_expand).unwrap();
+        assert_eq!(t.len(), 7);
+        assert!(t.depth() <= 4);
+        for (i, n) in t.nodes().iter().enumerate().skip(1) {
+            assert!(n.parent < i);
+            assert!(n.score <= t.node(n.parent).score);
+        }
+        // Best first child is token 1 (-0.5), then token 2 under it (-0.51): the path 1 → 2 must be there.
+        let one = t.children(ROOT).find(|&c| t.node(c).token == 1).unwrap();
+        assert!(t.children(one).any(|c| t.node(c).token == 2));
+        // Only the top 2 children of the root were candidates at all.
+        assert!(t.children(ROOT).all(|c| t.node(c).token <= 2));
+    }
+
+    #[test]
+    fn dynamic_tree_with_no_candidates_is_just_the_root() {
+        let mut t = DraftTree::new(5);
+        build_dynamic_tree(&TreeConfig::default(), &mut t, |_, f: &[usize], out: &mut Vec<Vec<(u32, f32)>>| {
+            out.extend(f.iter().map(|_| Vec::new()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        assert!(t.is_empty());
+        assert_eq!(t.root_token(), 5);
+    }
+}
