@@ -62,7 +62,15 @@ fn assert_clean_error(args: &[&str], expect: &str) {
 }
 
 fn generate(path: &Path) -> Vec<String> {
-    vec!["generate".into(), "-m".into(), path.display().to_string(), "-p".into(), "hello".into(), "-n".into(), "4".into()]
+    vec![
+        "generate".into(),
+        "-m".into(),
+        path.display().to_string(),
+        "-p".into(),
+        "hello".into(),
+        "-n".into(),
+        "4".into(),
+    ]
 }
 
 fn run_generate(path: &Path, expect: &str) {
@@ -134,7 +142,11 @@ fn unsupported_tensor_type() {
         ("llama.attention.head_count", 4),
     ];
     let p = tmp("iq2.gguf");
-    std::fs::write(&p, gguf_with(&[("general.architecture", "llama")], &u32s, Some(("token_embd.weight", &[256, 8], 16, 66 * 8)))).unwrap();
+    std::fs::write(
+        &p,
+        gguf_with(&[("general.architecture", "llama")], &u32s, Some(("token_embd.weight", &[256, 8], 16, 66 * 8))),
+    )
+    .unwrap();
     run_generate(&p, "IQ2_XXS");
 }
 

@@ -12,7 +12,9 @@ pub fn workspace_root() -> PathBuf {
 }
 
 pub fn reference_dir() -> PathBuf {
-    std::env::var_os("SPECEE_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("../shared/reference"))
+    std::env::var_os("SPECEE_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/reference"))
 }
 
 pub fn models_dir() -> PathBuf {

@@ -37,7 +37,8 @@ fn steps_before_near_tie(rec: &Value) -> usize {
 
 #[test]
 fn tokenize_json_matches_reference() {
-    let inputs: Vec<String> = serde_json::from_str(&std::fs::read_to_string(reference_dir().join("tokenize-inputs.json")).unwrap()).unwrap();
+    let inputs: Vec<String> =
+        serde_json::from_str(&std::fs::read_to_string(reference_dir().join("tokenize-inputs.json")).unwrap()).unwrap();
     for (model, file) in [(smollm2(), "smollm2.tokenize.jsonl"), (gemma3(), "gemma3.tokenize.jsonl")] {
         let refs = jsonl(file);
         for (text, rec) in inputs.iter().zip(&refs).take(8).filter(|(t, _)| !t.is_empty()) {

@@ -69,7 +69,9 @@ impl Server {
         assert_eq!(r.status, 200);
         r.body
             .lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).map(|v| v.trim().parse::<f64>().unwrap()))
+            .find_map(|l| {
+                l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).map(|v| v.trim().parse::<f64>().unwrap())
+            })
             .unwrap_or_else(|| panic!("no metric {name} in\n{}", r.body))
     }
 
@@ -146,10 +148,8 @@ fn parse_response(raw: &[u8]) -> Response {
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.lines();
     let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())).collect();
     let mut body = raw[split + 4..].to_vec();
     if headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked")) {
         body = dechunk(&body);
@@ -266,7 +266,12 @@ fn malformed_requests_get_json_errors() {
         ("messages missing", chat, json!({"model": "x"}).to_string().into_bytes(), 400),
         ("messages wrong type", chat, json!({"messages": "hi"}).to_string().into_bytes(), 400),
         ("messages empty", chat, json!({"messages": []}).to_string().into_bytes(), 400),
-        ("content wrong type", chat, json!({"messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(), 400),
+        (
+            "content wrong type",
+            chat,
+            json!({"messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(),
+            400,
+        ),
         ("unknown role", chat, json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string().into_bytes(), 400),
         ("max_tokens negative", chat, json!({"messages": msgs, "max_tokens": -1}).to_string().into_bytes(), 400),
         ("max_tokens zero", chat, json!({"messages": msgs, "max_tokens": 0}).to_string().into_bytes(), 400),
@@ -281,17 +286,44 @@ fn malformed_requests_get_json_errors() {
         ("n > 1", chat, json!({"messages": msgs, "n": 4}).to_string().into_bytes(), 400),
         ("tools", chat, json!({"messages": msgs, "tools": [{"type": "function"}]}).to_string().into_bytes(), 400),
         ("logprobs", chat, json!({"messages": msgs, "logprobs": true}).to_string().into_bytes(), 400),
-        ("response_format json", chat, json!({"messages": msgs, "response_format": {"type": "json_object"}}).to_string().into_bytes(), 400),
+        (
+            "response_format json",
+            chat,
+            json!({"messages": msgs, "response_format": {"type": "json_object"}}).to_string().into_bytes(),
+            400,
+        ),
         ("unknown field", chat, json!({"messages": msgs, "frobnicate": 1}).to_string().into_bytes(), 400),
         ("unknown mode", chat, json!({"messages": msgs, "specee": {"mode": "warp"}}).to_string().into_bytes(), 400),
-        ("image content", chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string().into_bytes(), 400),
-        ("prompt too long", chat, json!({"messages": [{"role": "user", "content": "word ".repeat(200)}]}).to_string().into_bytes(), 400),
-        ("prompt too long (streamed)", "/v1/completions", json!({"prompt": "word ".repeat(200), "stream": true}).to_string().into_bytes(), 400),
+        (
+            "image content",
+            chat,
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+                .to_string()
+                .into_bytes(),
+            400,
+        ),
+        (
+            "prompt too long",
+            chat,
+            json!({"messages": [{"role": "user", "content": "word ".repeat(200)}]}).to_string().into_bytes(),
+            400,
+        ),
+        (
+            "prompt too long (streamed)",
+            "/v1/completions",
+            json!({"prompt": "word ".repeat(200), "stream": true}).to_string().into_bytes(),
+            400,
+        ),
         ("prompt missing", "/v1/completions", json!({"max_tokens": 2}).to_string().into_bytes(), 400),
         ("several prompts", "/v1/completions", json!({"prompt": ["a", "b"]}).to_string().into_bytes(), 400),
         ("token id out of range", "/v1/completions", json!({"prompt": [1, 99999999]}).to_string().into_bytes(), 400),
         ("echo", "/v1/completions", json!({"prompt": "a", "echo": true}).to_string().into_bytes(), 400),
-        ("body over 1 MiB", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "a".repeat(2 << 20)).into_bytes(), 413),
+        (
+            "body over 1 MiB",
+            "/v1/completions",
+            format!("{{\"prompt\": \"{}\"}}", "a".repeat(2 << 20)).into_bytes(),
+            413,
+        ),
         ("unknown route", "/v1/embeddings", json!({"input": "x"}).to_string().into_bytes(), 404),
     ];
     for (what, path, body, status) in &cases {
@@ -369,7 +401,11 @@ fn full_server_answers_429_and_a_disconnect_frees_the_slot() {
     let mut stream = send_request(server.port, "POST", "/v1/chat/completions", body.to_string().as_bytes());
     let mut first = [0u8; 256];
     let n = stream.read(&mut first).unwrap();
-    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..n]));
+    assert!(
+        String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
     assert_eq!(server.metric("specee_requests_in_flight"), 1.0);
 
     // Full: a well-formed 429 with Retry-After.
@@ -394,7 +430,8 @@ fn full_server_answers_429_and_a_disconnect_frees_the_slot() {
 fn sigterm_drains_in_flight_requests() {
     let mut server = Server::start(&[]);
     let port = server.port;
-    let client = std::thread::spawn(move || http(port, "POST", "/v1/chat/completions", chat_body(8).to_string().as_bytes()));
+    let client =
+        std::thread::spawn(move || http(port, "POST", "/v1/chat/completions", chat_body(8).to_string().as_bytes()));
     let start = Instant::now();
     while server.metric("specee_requests_in_flight") < 1.0 {
         assert!(start.elapsed() < Duration::from_secs(60), "the request never started");

@@ -16,7 +16,13 @@ pub struct DenseDecoder<'m> {
 impl<'m> DenseDecoder<'m> {
     /// A decoder with a context of `ctx` tokens and `threads` threads.
     pub fn new(model: &'m Model, ctx: usize, threads: usize) -> Self {
-        DenseDecoder { model, kv: model.new_cache(ctx), ws: Workspace::new(threads), hidden: Vec::new(), tokens: Vec::new() }
+        DenseDecoder {
+            model,
+            kv: model.new_cache(ctx),
+            ws: Workspace::new(threads),
+            hidden: Vec::new(),
+            tokens: Vec::new(),
+        }
     }
 
     /// The model.

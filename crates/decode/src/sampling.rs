@@ -22,7 +22,15 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
@@ -180,7 +188,8 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_different_seed_differs() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
-        let params = SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+        let params =
+            SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
         let draw = |p: SamplingParams| {
             let mut s = Sampler::new(p);
             (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
@@ -199,7 +208,8 @@ mod tests {
 
     #[test]
     fn min_p_removes_unlikely_tokens() {
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..Default::default() });
+        let mut s =
+            Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..Default::default() });
         // token 2 has probability e^-5 relative to token 0: always cut.
         for _ in 0..200 {
             assert_ne!(s.sample(&[5.0, 4.9, 0.0], &[]), 2);
@@ -208,7 +218,8 @@ mod tests {
 
     #[test]
     fn top_p_keeps_nucleus() {
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, ..Default::default() });
+        let mut s =
+            Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, ..Default::default() });
         for _ in 0..200 {
             assert_eq!(s.sample(&[10.0, 0.0, 0.0, 0.0], &[]), 0);
         }
@@ -217,7 +228,14 @@ mod tests {
     #[test]
     fn sampling_follows_distribution() {
         // p = softmax([0, ln 3]) = [0.25, 0.75]
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        });
         let n = 20000;
         let ones = (0..n).filter(|_| s.sample(&[0.0, 3f32.ln()], &[]) == 1).count();
         let frac = ones as f64 / n as f64;

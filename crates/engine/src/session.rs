@@ -104,7 +104,9 @@ impl Engine {
     /// Renders a conversation with the model's chat template, opening the assistant's turn.
     pub fn render_chat(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
         let template = self.tokenizer.chat_template().ok_or(EngineError::NoChatTemplate)?;
-        let piece = |id: Option<u32>| id.map(|t| String::from_utf8_lossy(self.tokenizer.token_bytes(t)).into_owned()).unwrap_or_default();
+        let piece = |id: Option<u32>| {
+            id.map(|t| String::from_utf8_lossy(self.tokenizer.token_bytes(t)).into_owned()).unwrap_or_default()
+        };
         Ok(chat::render(template, messages, true, &piece(self.tokenizer.bos()), &piece(self.tokenizer.eos()))?)
     }
 

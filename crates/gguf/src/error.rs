@@ -99,11 +99,7 @@ pub enum GgufError {
 }
 
 fn show_magic(found: &[u8; 4]) -> String {
-    let text: String = found
-        .iter()
-        .flat_map(|b| std::ascii::escape_default(*b))
-        .map(char::from)
-        .collect();
+    let text: String = found.iter().flat_map(|b| std::ascii::escape_default(*b)).map(char::from).collect();
     format!("\"{text}\"")
 }
 
@@ -113,21 +109,9 @@ mod tests {
 
     #[test]
     fn messages_are_one_line_and_name_the_value() {
-        let e = GgufError::NotGguf {
-            found: *b"PK\x03\x04",
-        };
-        assert_eq!(
-            e.to_string(),
-            "not a GGUF file (magic \"PK\\x03\\x04\", expected \"GGUF\")"
-        );
-        let e = GgufError::WrongType {
-            key: "a.b".into(),
-            expected: "u32",
-            found: "string",
-        };
-        assert_eq!(
-            e.to_string(),
-            "GGUF key 'a.b' has type string, expected u32"
-        );
+        let e = GgufError::NotGguf { found: *b"PK\x03\x04" };
+        assert_eq!(e.to_string(), "not a GGUF file (magic \"PK\\x03\\x04\", expected \"GGUF\")");
+        let e = GgufError::WrongType { key: "a.b".into(), expected: "u32", found: "string" };
+        assert_eq!(e.to_string(), "GGUF key 'a.b' has type string, expected u32");
     }
 }

@@ -66,10 +66,7 @@ impl AlignedBytes {
         for (chunk, src) in chunks.iter_mut().zip(bytes.chunks(64)) {
             chunk.0[..src.len()].copy_from_slice(src);
         }
-        AlignedBytes {
-            chunks,
-            len: bytes.len(),
-        }
+        AlignedBytes { chunks, len: bytes.len() }
     }
 
     fn as_slice(&self) -> &[u8] {
@@ -113,10 +110,7 @@ impl GgufFile {
     /// The map assumes the file is not modified while open (as every mmap-based loader does).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
-            path: path.to_owned(),
-            source,
-        };
+        let io = |source| GgufError::Io { path: path.to_owned(), source };
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len == 0 {
@@ -138,33 +132,10 @@ impl GgufFile {
     }
 
     fn from_backing(backing: Backing) -> Result<GgufFile, GgufError> {
-        let Header {
-            version,
-            metadata,
-            tensors,
-            alignment,
-            data_offset,
-        } = parse(backing.bytes())?;
-        let key_index = metadata
-            .iter()
-            .enumerate()
-            .map(|(i, (k, _))| (k.clone(), i))
-            .collect();
-        let tensor_index = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        Ok(GgufFile {
-            version,
-            metadata,
-            tensors,
-            backing,
-            key_index,
-            tensor_index,
-            data_offset,
-            alignment,
-        })
+        let Header { version, metadata, tensors, alignment, data_offset } = parse(backing.bytes())?;
+        let key_index = metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let tensor_index = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(GgufFile { version, metadata, tensors, backing, key_index, tensor_index, data_offset, alignment })
     }
 
     /// The alignment of the data section and of every tensor offset (`general.alignment`, default 32).
@@ -184,15 +155,11 @@ impl GgufFile {
 
     /// The value of metadata key `key`.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.key_index
-            .get(key)
-            .and_then(|&i| self.metadata.get(i))
-            .map(|(_, v)| v)
+        self.key_index.get(key).and_then(|&i| self.metadata.get(i)).map(|(_, v)| v)
     }
 
     fn require(&self, key: &str) -> Result<&Value, GgufError> {
-        self.get(key)
-            .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
+        self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_owned()))
     }
 
     fn typed<'a, T>(
@@ -213,9 +180,7 @@ impl GgufFile {
     ) -> Result<Option<T>, GgufError> {
         match self.get(key) {
             None => Ok(None),
-            Some(value) => convert(value)
-                .map(Some)
-                .ok_or_else(|| wrong_type(key, expected, value)),
+            Some(value) => convert(value).map(Some).ok_or_else(|| wrong_type(key, expected, value)),
         }
     }
 
@@ -318,9 +283,7 @@ impl GgufFile {
 
     /// The info of tensor `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index
-            .get(name)
-            .and_then(|&i| self.tensors.get(i))
+        self.tensor_index.get(name).and_then(|&i| self.tensors.get(i))
     }
 
     /// The data of a tensor of this file (validated at open). The slice's address is a multiple of
@@ -333,22 +296,15 @@ impl GgufFile {
             .ok()
             .and_then(|o| o.checked_add(self.data_offset))
             .and_then(|start| Some(start..start.checked_add(info.n_bytes)?));
-        range
-            .and_then(|r| self.backing.bytes().get(r))
-            .unwrap_or(&[])
+        range.and_then(|r| self.backing.bytes().get(r)).unwrap_or(&[])
     }
 
     /// The data of tensor `name`, with its info.
     pub fn tensor_data(&self, name: &str) -> Option<(&TensorInfo, &[u8])> {
-        self.tensor(name)
-            .map(|info| (info, self.tensor_bytes(info)))
+        self.tensor(name).map(|info| (info, self.tensor_bytes(info)))
     }
 }
 
 fn wrong_type(key: &str, expected: &'static str, value: &Value) -> GgufError {
-    GgufError::WrongType {
-        key: key.to_owned(),
-        expected,
-        found: value.type_name(),
-    }
+    GgufError::WrongType { key: key.to_owned(), expected, found: value.type_name() }
 }

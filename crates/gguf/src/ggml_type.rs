@@ -90,10 +90,7 @@ impl GgmlType {
 
     /// The type with ggml id `v`, or `None` for unknown/removed ids.
     pub fn from_u32(v: u32) -> Option<GgmlType> {
-        TABLE
-            .iter()
-            .find(|entry| entry.0 as u32 == v)
-            .map(|entry| entry.0)
+        TABLE.iter().find(|entry| entry.0 as u32 == v).map(|entry| entry.0)
     }
 
     /// The ggml id of this type.
@@ -103,10 +100,7 @@ impl GgmlType {
 
     fn entry(self) -> &'static (GgmlType, &'static str, usize, usize) {
         // Every variant has exactly one row in TABLE (checked by a unit test); the fallback is F32's row.
-        TABLE
-            .iter()
-            .find(|entry| entry.0 == self)
-            .unwrap_or(&TABLE[0])
+        TABLE.iter().find(|entry| entry.0 == self).unwrap_or(&TABLE[0])
     }
 
     /// Elements per block (1 for plain types, 32 for legacy quants, 256 for k-quants).
@@ -155,11 +149,7 @@ mod tests {
         for (i, entry) in TABLE.iter().enumerate() {
             assert_eq!(GgmlType::from_u32(entry.0 as u32), Some(entry.0));
             assert_eq!(entry.0.name(), entry.1);
-            assert!(
-                TABLE[i + 1..].iter().all(|other| other.0 != entry.0),
-                "duplicate {}",
-                entry.1
-            );
+            assert!(TABLE[i + 1..].iter().all(|other| other.0 != entry.0), "duplicate {}", entry.1);
         }
         assert_eq!(GgmlType::from_u32(4), None);
         assert_eq!(GgmlType::from_u32(31), None);

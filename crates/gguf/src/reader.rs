@@ -10,8 +10,8 @@
 
 use crate::value::{tag, tag_name, Value};
 use crate::{
-    GgmlType, GgufError, TensorInfo, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_ARRAY_DEPTH,
-    MAX_ARRAY_LEN, MAX_DIMS, MAX_KEYS, MAX_STRING_LEN, MAX_TENSORS,
+    GgmlType, GgufError, TensorInfo, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_DIMS,
+    MAX_KEYS, MAX_STRING_LEN, MAX_TENSORS,
 };
 
 /// The parsed header of a GGUF file.
@@ -42,10 +42,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn truncated(&self, what: &str) -> GgufError {
-        GgufError::Truncated {
-            offset: self.pos as u64,
-            what: what.to_owned(),
-        }
+        GgufError::Truncated { offset: self.pos as u64, what: what.to_owned() }
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], GgufError> {
@@ -75,10 +72,7 @@ impl<'a> Cursor<'a> {
     fn check_fits(&self, count: u64, min_bytes: usize, what: &str) -> Result<(), GgufError> {
         let needed = count.checked_mul(min_bytes as u64);
         if needed.is_none_or(|needed| needed > self.remaining() as u64) {
-            return Err(self.truncated(&format!(
-                "{what} ({count} claimed, only {} bytes left)",
-                self.remaining()
-            )));
+            return Err(self.truncated(&format!("{what} ({count} claimed, only {} bytes left)", self.remaining())));
         }
         Ok(())
     }
@@ -117,12 +111,7 @@ impl<'a> Cursor<'a> {
             tag::I64 => Value::I64(i64::from_le_bytes(self.array(&what())?)),
             tag::F64 => Value::F64(f64::from_le_bytes(self.array(&what())?)),
             tag::ARRAY => Value::Array(self.array_value(key, depth + 1)?),
-            _ => {
-                return Err(GgufError::UnknownValueType {
-                    key: key.to_owned(),
-                    ty,
-                })
-            }
+            _ => return Err(GgufError::UnknownValueType { key: key.to_owned(), ty }),
         })
     }
 
@@ -140,12 +129,7 @@ impl<'a> Cursor<'a> {
         let len = self.u64(&what)?;
         let elem_size = match min_encoded_size(elem_ty) {
             Some(size) => size,
-            None => {
-                return Err(GgufError::UnknownValueType {
-                    key: key.to_owned(),
-                    ty: elem_ty,
-                })
-            }
+            None => return Err(GgufError::UnknownValueType { key: key.to_owned(), ty: elem_ty }),
         };
         if len > MAX_ARRAY_LEN {
             return Err(GgufError::LimitExceeded {
@@ -154,11 +138,7 @@ impl<'a> Cursor<'a> {
                 limit: MAX_ARRAY_LEN,
             });
         }
-        self.check_fits(
-            len,
-            elem_size,
-            &format!("{} elements of {what}", tag_name(elem_ty)),
-        )?;
+        self.check_fits(len, elem_size, &format!("{} elements of {what}", tag_name(elem_ty)))?;
         let len = len as usize;
         if elem_ty == tag::STRING {
             let mut items = Vec::with_capacity(len);
@@ -176,10 +156,7 @@ impl<'a> Cursor<'a> {
         }
         // Fixed-size elements: one bounds check, then decode the chunk.
         let bytes = self.take(len * elem_size, &what)?;
-        let items = bytes
-            .chunks_exact(elem_size)
-            .map(|chunk| decode_fixed(elem_ty, chunk))
-            .collect();
+        let items = bytes.chunks_exact(elem_size).map(|chunk| decode_fixed(elem_ty, chunk)).collect();
         Ok(items)
     }
 }
@@ -220,11 +197,7 @@ fn decode_fixed(ty: u32, chunk: &[u8]) -> Value {
 
 fn limit(what: &str, value: u64, limit: u64) -> Result<(), GgufError> {
     if value > limit {
-        return Err(GgufError::LimitExceeded {
-            what: what.to_owned(),
-            value,
-            limit,
-        });
+        return Err(GgufError::LimitExceeded { what: what.to_owned(), value, limit });
     }
     Ok(())
 }
@@ -272,11 +245,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
         None => DEFAULT_ALIGNMENT,
         Some((key, value)) => {
             let Some(a) = value.as_u64() else {
-                return Err(GgufError::WrongType {
-                    key: key.clone(),
-                    expected: "u32",
-                    found: value.type_name(),
-                });
+                return Err(GgufError::WrongType { key: key.clone(), expected: "u32", found: value.type_name() });
             };
             if !a.is_power_of_two() || a > MAX_ALIGNMENT as u64 {
                 return Err(GgufError::BadAlignment(a));
@@ -297,34 +266,20 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
         tensors.push(info);
     }
 
-    let data_offset = cur
-        .pos
-        .checked_next_multiple_of(alignment)
-        .ok_or(GgufError::BadAlignment(alignment as u64))?;
+    let data_offset = cur.pos.checked_next_multiple_of(alignment).ok_or(GgufError::BadAlignment(alignment as u64))?;
     for info in &tensors {
         check_placement(info, data_offset, alignment, bytes.len())?;
     }
-    Ok(Header {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+    Ok(Header { version, metadata, tensors, alignment, data_offset })
 }
 
 /// Reads the rest of a tensor info (after its name) and computes its element count and byte size.
 fn read_tensor_info(cur: &mut Cursor<'_>, name: String) -> Result<TensorInfo, GgufError> {
-    let bad = |reason: String| GgufError::BadTensor {
-        tensor: name.clone(),
-        reason,
-    };
+    let bad = |reason: String| GgufError::BadTensor { tensor: name.clone(), reason };
     let what = format!("info of tensor '{name}'");
     let n_dims = cur.u32(&what)?;
     if n_dims == 0 || n_dims as usize > MAX_DIMS {
-        return Err(bad(format!(
-            "has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"
-        )));
+        return Err(bad(format!("has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")));
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     for _ in 0..n_dims {
@@ -332,67 +287,35 @@ fn read_tensor_info(cur: &mut Cursor<'_>, name: String) -> Result<TensorInfo, Gg
         if d == 0 {
             return Err(bad(format!("has a zero dimension (dims so far {dims:?})")));
         }
-        let d =
-            usize::try_from(d).map_err(|_| bad(format!("dimension {d} does not fit in memory")))?;
+        let d = usize::try_from(d).map_err(|_| bad(format!("dimension {d} does not fit in memory")))?;
         dims.push(d);
     }
     let ty_id = cur.u32(&what)?;
-    let ty = GgmlType::from_u32(ty_id).ok_or_else(|| GgufError::UnknownTensorType {
-        tensor: name.clone(),
-        ty: ty_id,
-    })?;
+    let ty =
+        GgmlType::from_u32(ty_id).ok_or_else(|| GgufError::UnknownTensorType { tensor: name.clone(), ty: ty_id })?;
     let offset = cur.u64(&what)?;
     let n_elements = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    let n_elements =
-        n_elements.ok_or_else(|| bad(format!("element count of dims {dims:?} overflows")))?;
+    let n_elements = n_elements.ok_or_else(|| bad(format!("element count of dims {dims:?} overflows")))?;
     if !dims[0].is_multiple_of(ty.block_size()) {
         let (row, name, block) = (dims[0], ty.name(), ty.block_size());
-        return Err(bad(format!(
-            "row length {row} is not a multiple of the {name} block size {block}"
-        )));
+        return Err(bad(format!("row length {row} is not a multiple of the {name} block size {block}")));
     }
-    let row = ty.row_bytes(dims[0]).ok_or_else(|| {
-        bad(format!(
-            "byte size of a {} row of {} overflows",
-            ty.name(),
-            dims[0]
-        ))
-    })?;
-    let n_bytes = row.checked_mul(n_elements / dims[0]).ok_or_else(|| {
-        bad(format!(
-            "byte size of {} dims {dims:?} overflows",
-            ty.name()
-        ))
-    })?;
-    Ok(TensorInfo {
-        name,
-        dims,
-        ty,
-        offset,
-        n_bytes,
-    })
+    let row = ty
+        .row_bytes(dims[0])
+        .ok_or_else(|| bad(format!("byte size of a {} row of {} overflows", ty.name(), dims[0])))?;
+    let n_bytes = row
+        .checked_mul(n_elements / dims[0])
+        .ok_or_else(|| bad(format!("byte size of {} dims {dims:?} overflows", ty.name())))?;
+    Ok(TensorInfo { name, dims, ty, offset, n_bytes })
 }
 
 /// Checks that a tensor's data is aligned and lies inside the file.
-fn check_placement(
-    info: &TensorInfo,
-    data_offset: usize,
-    alignment: usize,
-    file_len: usize,
-) -> Result<(), GgufError> {
-    let bad = |reason: String| GgufError::BadTensor {
-        tensor: info.name.clone(),
-        reason,
-    };
+fn check_placement(info: &TensorInfo, data_offset: usize, alignment: usize, file_len: usize) -> Result<(), GgufError> {
+    let bad = |reason: String| GgufError::BadTensor { tensor: info.name.clone(), reason };
     if !info.offset.is_multiple_of(alignment as u64) {
-        return Err(bad(format!(
-            "data offset {} is not a multiple of the alignment {alignment}",
-            info.offset
-        )));
+        return Err(bad(format!("data offset {} is not a multiple of the alignment {alignment}", info.offset)));
     }
-    let start = usize::try_from(info.offset)
-        .ok()
-        .and_then(|o| o.checked_add(data_offset));
+    let start = usize::try_from(info.offset).ok().and_then(|o| o.checked_add(data_offset));
     let end = start.and_then(|s| s.checked_add(info.n_bytes));
     match end {
         Some(end) if end <= file_len => Ok(()),

@@ -10,8 +10,8 @@ use std::path::Path;
 use crate::reader::MAGIC;
 use crate::value::Value;
 use crate::{
-    GgmlType, GgufError, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_LEN,
-    MAX_DIMS, MAX_KEYS, MAX_STRING_LEN, MAX_TENSORS,
+    GgmlType, GgufError, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_DIMS, MAX_KEYS,
+    MAX_STRING_LEN, MAX_TENSORS,
 };
 
 struct PendingTensor {
@@ -42,19 +42,8 @@ impl GgufWriter {
 
     /// Adds a tensor with dims in ggml order (`dims[0]` = row length) and its raw encoded bytes, which must
     /// be exactly `ty.row_bytes(dims[0]) * rows` long (checked when writing).
-    pub fn add_tensor(
-        &mut self,
-        name: impl Into<String>,
-        dims: &[usize],
-        ty: GgmlType,
-        data: Vec<u8>,
-    ) -> &mut Self {
-        self.tensors.push(PendingTensor {
-            name: name.into(),
-            dims: dims.to_vec(),
-            ty,
-            data,
-        });
+    pub fn add_tensor(&mut self, name: impl Into<String>, dims: &[usize], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+        self.tensors.push(PendingTensor { name: name.into(), dims: dims.to_vec(), ty, data });
         self
     }
 
@@ -115,10 +104,7 @@ impl GgufWriter {
     pub fn write(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
         let path = path.as_ref();
         let bytes = self.to_bytes()?;
-        std::fs::write(path, bytes).map_err(|source| GgufError::Io {
-            path: path.to_owned(),
-            source,
-        })
+        std::fs::write(path, bytes).map_err(|source| GgufError::Io { path: path.to_owned(), source })
     }
 
     fn alignment(&self) -> Result<usize, GgufError> {
@@ -141,45 +127,28 @@ impl GgufWriter {
 
 fn check_count(what: &str, value: usize, limit: u64) -> Result<(), GgufError> {
     if value as u64 > limit {
-        return Err(GgufError::LimitExceeded {
-            what: what.to_owned(),
-            value: value as u64,
-            limit,
-        });
+        return Err(GgufError::LimitExceeded { what: what.to_owned(), value: value as u64, limit });
     }
     Ok(())
 }
 
 fn check_tensor(tensor: &PendingTensor) -> Result<(), GgufError> {
-    let bad = |reason: String| GgufError::BadTensor {
-        tensor: tensor.name.clone(),
-        reason,
-    };
+    let bad = |reason: String| GgufError::BadTensor { tensor: tensor.name.clone(), reason };
     let dims = &tensor.dims;
     if dims.is_empty() || dims.len() > MAX_DIMS || dims.contains(&0) {
-        return Err(bad(format!(
-            "dims {dims:?} invalid (1 to {MAX_DIMS} dims, each at least 1)"
-        )));
+        return Err(bad(format!("dims {dims:?} invalid (1 to {MAX_DIMS} dims, each at least 1)")));
     }
-    let rows = dims[1..]
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    let expected = tensor
-        .ty
-        .row_bytes(dims[0])
-        .zip(rows)
-        .and_then(|(row, rows)| row.checked_mul(rows));
+    let rows = dims[1..].iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    let expected = tensor.ty.row_bytes(dims[0]).zip(rows).and_then(|(row, rows)| row.checked_mul(rows));
     match expected {
         None => Err(bad(format!(
             "dims {dims:?} do not fit {} (row length must be a multiple of {}, size must not overflow)",
             tensor.ty.name(),
             tensor.ty.block_size()
         ))),
-        Some(n) if n != tensor.data.len() => Err(bad(format!(
-            "{} dims {dims:?} need {n} bytes of data, got {}",
-            tensor.ty.name(),
-            tensor.data.len()
-        ))),
+        Some(n) if n != tensor.data.len() => {
+            Err(bad(format!("{} dims {dims:?} need {n} bytes of data, got {}", tensor.ty.name(), tensor.data.len())))
+        }
         Some(_) => Ok(()),
     }
 }
@@ -220,11 +189,7 @@ fn put_value(out: &mut Vec<u8>, key: &str, value: &Value, depth: usize) -> Resul
                     limit: MAX_ARRAY_DEPTH as u64,
                 });
             }
-            check_count(
-                &format!("array length of key '{key}'"),
-                items.len(),
-                MAX_ARRAY_LEN,
-            )?;
+            check_count(&format!("array length of key '{key}'"), items.len(), MAX_ARRAY_LEN)?;
             // An empty array's element type is irrelevant; u8 is what ggml writes too.
             let elem_tag = items.first().map_or(0, Value::type_tag);
             out.extend_from_slice(&elem_tag.to_le_bytes());

@@ -24,21 +24,9 @@ fn small_valid_file() -> Vec<u8> {
     w.add("general.architecture", "llama")
         .add("llama.block_count", Value::U32(2))
         .add("llama.rope.freq_base", Value::F32(10000.0))
-        .add(
-            "tokenizer.ggml.tokens",
-            Value::Array(vec!["a".into(), "bc".into(), "<s>".into()]),
-        )
-        .add(
-            "tokenizer.ggml.scores",
-            Value::Array(vec![Value::F32(0.0), Value::F32(-1.0), Value::F32(-2.0)]),
-        )
-        .add(
-            "nested",
-            Value::Array(vec![
-                Value::Array(vec![Value::I64(1)]),
-                Value::Array(vec![]),
-            ]),
-        )
+        .add("tokenizer.ggml.tokens", Value::Array(vec!["a".into(), "bc".into(), "<s>".into()]))
+        .add("tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0), Value::F32(-1.0), Value::F32(-2.0)]))
+        .add("nested", Value::Array(vec![Value::Array(vec![Value::I64(1)]), Value::Array(vec![])]))
         .add("flag", Value::Bool(false));
     w.add_tensor("a", &[32, 2], GgmlType::Q8_0, vec![7; 68]);
     w.add_tensor("b", &[3], GgmlType::F32, vec![1; 12]);
@@ -64,17 +52,8 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
 fn exercise(bytes: Vec<u8>) {
     if let Ok(file) = GgufFile::from_bytes(bytes) {
         for (key, _) in &file.metadata {
-            let _ = (
-                file.get_u32(key),
-                file.get_f32(key),
-                file.get_str(key),
-                file.get_str_array(key),
-            );
-            let _ = (
-                file.get_i32_array(key),
-                file.get_f32_array(key),
-                file.opt_bool(key),
-            );
+            let _ = (file.get_u32(key), file.get_f32(key), file.get_str(key), file.get_str_array(key));
+            let _ = (file.get_i32_array(key), file.get_f32_array(key), file.opt_bool(key));
         }
         for info in &file.tensors {
             assert_eq!(file.tensor_bytes(info).len(), info.n_bytes);
@@ -86,10 +65,7 @@ fn exercise(bytes: Vec<u8>) {
 
 #[test]
 fn empty_input() {
-    assert!(matches!(
-        GgufFile::from_bytes(vec![]),
-        Err(GgufError::Empty)
-    ));
+    assert!(matches!(GgufFile::from_bytes(vec![]), Err(GgufError::Empty)));
 }
 
 #[test]
@@ -109,36 +85,18 @@ fn bad_magic_and_versions() {
     let e = GgufFile::from_bytes(b"PK\x03\x04rest of a zip".to_vec()).unwrap_err();
     assert!(matches!(e, GgufError::NotGguf { found } if &found == b"PK\x03\x04"));
     assert!(e.to_string().contains("not a GGUF file"), "{e}");
-    assert!(matches!(
-        GgufFile::from_bytes(b"ab".to_vec()),
-        Err(GgufError::NotGguf { .. })
-    ));
-    assert!(matches!(
-        GgufFile::from_bytes(b"GG".to_vec()),
-        Err(GgufError::Truncated { .. })
-    ));
-    assert!(matches!(
-        GgufFile::from_bytes(header(1, 0, 0)),
-        Err(GgufError::UnsupportedVersion(1))
-    ));
-    assert!(matches!(
-        GgufFile::from_bytes(header(4, 0, 0)),
-        Err(GgufError::UnsupportedVersion(4))
-    ));
+    assert!(matches!(GgufFile::from_bytes(b"ab".to_vec()), Err(GgufError::NotGguf { .. })));
+    assert!(matches!(GgufFile::from_bytes(b"GG".to_vec()), Err(GgufError::Truncated { .. })));
+    assert!(matches!(GgufFile::from_bytes(header(1, 0, 0)), Err(GgufError::UnsupportedVersion(1))));
+    assert!(matches!(GgufFile::from_bytes(header(4, 0, 0)), Err(GgufError::UnsupportedVersion(4))));
     // A big-endian file reads as a huge version.
-    assert!(matches!(
-        GgufFile::from_bytes(header(3u32.swap_bytes(), 0, 0)),
-        Err(GgufError::UnsupportedVersion(_))
-    ));
+    assert!(matches!(GgufFile::from_bytes(header(3u32.swap_bytes(), 0, 0)), Err(GgufError::UnsupportedVersion(_))));
 }
 
 #[test]
 fn counts_are_limited_and_checked_against_file_size() {
     let e = GgufFile::from_bytes(header(3, 1 << 40, 0)).unwrap_err();
-    assert!(
-        matches!(e, GgufError::LimitExceeded { value, .. } if value == 1 << 40),
-        "{e}"
-    );
+    assert!(matches!(e, GgufError::LimitExceeded { value, .. } if value == 1 << 40), "{e}");
     let e = GgufFile::from_bytes(header(3, 0, 70_000)).unwrap_err();
     assert!(matches!(e, GgufError::LimitExceeded { .. }), "{e}");
     // Plausible counts that the file cannot hold fail fast.
@@ -184,10 +142,7 @@ fn nesting_deeper_than_two_is_rejected() {
     }
     bytes.resize(bytes.len() + 64, 0);
     let e = GgufFile::from_bytes(bytes).unwrap_err();
-    assert!(
-        matches!(e, GgufError::LimitExceeded { ref what, .. } if what.contains("deep")),
-        "{e}"
-    );
+    assert!(matches!(e, GgufError::LimitExceeded { ref what, .. } if what.contains("deep")), "{e}");
 }
 
 #[test]
@@ -197,10 +152,7 @@ fn unknown_value_and_tensor_types() {
     bytes.extend_from_slice(&13u32.to_le_bytes());
     bytes.extend_from_slice(&[0; 8]);
     let e = GgufFile::from_bytes(bytes).unwrap_err();
-    assert!(
-        matches!(e, GgufError::UnknownValueType { ref key, ty: 13 } if key == "weird"),
-        "{e}"
-    );
+    assert!(matches!(e, GgufError::UnknownValueType { ref key, ty: 13 } if key == "weird"), "{e}");
 
     let mut bytes = header(3, 0, 1);
     push_str(&mut bytes, "weird_array");
@@ -209,10 +161,7 @@ fn unknown_value_and_tensor_types() {
     bytes.extend_from_slice(&1u64.to_le_bytes());
     bytes.extend_from_slice(&[0; 8]);
     let e = GgufFile::from_bytes(bytes).unwrap_err();
-    assert!(
-        matches!(e, GgufError::UnknownValueType { ty: 99, .. }),
-        "{e}"
-    );
+    assert!(matches!(e, GgufError::UnknownValueType { ty: 99, .. }), "{e}");
 
     let mut bytes = header(3, 1, 0);
     push_str(&mut bytes, "t");
@@ -222,10 +171,7 @@ fn unknown_value_and_tensor_types() {
     bytes.extend_from_slice(&0u64.to_le_bytes());
     bytes.resize(64, 0);
     let e = GgufFile::from_bytes(bytes).unwrap_err();
-    assert!(
-        matches!(e, GgufError::UnknownTensorType { ref tensor, ty: 5 } if tensor == "t"),
-        "{e}"
-    );
+    assert!(matches!(e, GgufError::UnknownTensorType { ref tensor, ty: 5 } if tensor == "t"), "{e}");
     assert_eq!(e.to_string(), "GGUF tensor 't' has unknown ggml type 5");
 }
 
@@ -261,10 +207,7 @@ fn bad_tensors_are_rejected_with_the_name() {
     for (dims, ty, offset, extra, expected) in cases {
         let e = GgufFile::from_bytes(one_tensor(dims, *ty, *offset, *extra)).unwrap_err();
         let text = e.to_string();
-        assert!(
-            matches!(e, GgufError::BadTensor { ref tensor, .. } if tensor == "w"),
-            "{text}"
-        );
+        assert!(matches!(e, GgufError::BadTensor { ref tensor, .. } if tensor == "w"), "{text}");
         assert!(text.contains(expected), "{dims:?}: {text}");
         assert!(!text.contains('\n'));
     }
@@ -291,13 +234,7 @@ fn duplicates_and_bad_alignment() {
     bytes.resize(256, 0);
     assert!(matches!(GgufFile::from_bytes(bytes), Err(GgufError::DuplicateTensor(t)) if t == "t"));
 
-    for (value, ok) in [
-        (0u32, false),
-        (3, false),
-        (1, true),
-        (64, true),
-        (1 << 31, false),
-    ] {
+    for (value, ok) in [(0u32, false), (3, false), (1, true), (64, true), (1 << 31, false)] {
         let mut bytes = header(3, 0, 1);
         push_str(&mut bytes, "general.alignment");
         bytes.extend_from_slice(&4u32.to_le_bytes());
@@ -309,10 +246,7 @@ fn duplicates_and_bad_alignment() {
     push_str(&mut bytes, "general.alignment");
     bytes.extend_from_slice(&8u32.to_le_bytes());
     push_str(&mut bytes, "32");
-    assert!(matches!(
-        GgufFile::from_bytes(bytes),
-        Err(GgufError::WrongType { .. })
-    ));
+    assert!(matches!(GgufFile::from_bytes(bytes), Err(GgufError::WrongType { .. })));
 }
 
 #[test]
@@ -333,15 +267,8 @@ fn truncation_at_every_length() {
         let result = GgufFile::from_bytes(valid[..len].to_vec());
         // Only the trailing padding after the last tensor may be cut without error.
         if let Ok(file) = result {
-            let end = file
-                .tensors
-                .iter()
-                .map(|t| file.data_offset() + t.offset as usize + t.n_bytes)
-                .max();
-            assert!(
-                end.unwrap_or(0) <= len,
-                "length {len} parsed but tensors do not fit"
-            );
+            let end = file.tensors.iter().map(|t| file.data_offset() + t.offset as usize + t.n_bytes).max();
+            assert!(end.unwrap_or(0) <= len, "length {len} parsed but tensors do not fit");
         }
     }
 }

@@ -18,26 +18,10 @@ fn all_values() -> Vec<(&'static str, Value)> {
         ("v.f64", Value::F64(-2.5e300)),
         ("v.empty_string", Value::String(String::new())),
         ("v.array_u8", Value::Array(vec![Value::U8(1), Value::U8(0)])),
-        (
-            "v.array_bool",
-            Value::Array(vec![
-                Value::Bool(true),
-                Value::Bool(false),
-                Value::Bool(true),
-            ]),
-        ),
-        (
-            "v.array_i32",
-            Value::Array(vec![Value::I32(-1), Value::I32(7)]),
-        ),
-        (
-            "v.array_f32",
-            Value::Array(vec![Value::F32(0.25), Value::F32(-8.0)]),
-        ),
-        (
-            "v.array_str",
-            Value::Array(vec!["a".into(), "".into(), "<|im_end|>".into()]),
-        ),
+        ("v.array_bool", Value::Array(vec![Value::Bool(true), Value::Bool(false), Value::Bool(true)])),
+        ("v.array_i32", Value::Array(vec![Value::I32(-1), Value::I32(7)])),
+        ("v.array_f32", Value::Array(vec![Value::F32(0.25), Value::F32(-8.0)])),
+        ("v.array_str", Value::Array(vec!["a".into(), "".into(), "<|im_end|>".into()])),
         ("v.array_u64", Value::Array(vec![Value::U64(1 << 40)])),
         ("v.array_f64", Value::Array(vec![Value::F64(0.1)])),
         ("v.array_i16", Value::Array(vec![Value::I16(-3)])),
@@ -78,10 +62,7 @@ fn every_value_type_roundtrips_in_order() {
     }
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
     assert_eq!(file.version, 3);
-    let expected: Vec<(String, Value)> = all_values()
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
+    let expected: Vec<(String, Value)> = all_values().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     assert_eq!(file.metadata, expected);
     for (k, v) in all_values() {
         assert_eq!(file.get(k), Some(&v), "{k}");
@@ -121,11 +102,7 @@ fn tensors_roundtrip_with_alignment() {
         assert_eq!(info.offset % 32, 0);
         assert_eq!(info.n_elements(), dims.iter().product::<usize>());
         assert_eq!(file.tensor_bytes(info), &data[..]);
-        assert_eq!(
-            file.tensor_bytes(info).as_ptr() as usize % 32,
-            0,
-            "{name} misaligned in memory"
-        );
+        assert_eq!(file.tensor_bytes(info).as_ptr() as usize % 32, 0, "{name} misaligned in memory");
         assert_eq!(file.tensor(name), Some(info));
     }
     assert!(file.tensor("missing").is_none());
@@ -164,10 +141,7 @@ fn typed_accessors_convert_and_name_the_key() {
     assert!(file.get_bool("v.bool").unwrap());
     assert_eq!(file.get_str("v.string").unwrap(), "héllo ▁world");
     assert_eq!(file.get_array("v.array_i32").unwrap().len(), 2);
-    assert_eq!(
-        file.get_str_array("v.array_str").unwrap(),
-        vec!["a", "", "<|im_end|>"]
-    );
+    assert_eq!(file.get_str_array("v.array_str").unwrap(), vec!["a", "", "<|im_end|>"]);
     assert_eq!(file.get_f32_array("v.array_f32").unwrap(), vec![0.25, -8.0]);
     assert_eq!(file.get_f32_array("v.array_i32").unwrap(), vec![-1.0, 7.0]);
     assert_eq!(file.get_i32_array("v.array_bool").unwrap(), vec![1, 0, 1]);
@@ -179,26 +153,11 @@ fn typed_accessors_convert_and_name_the_key() {
     assert_eq!(file.opt_str("v.string").unwrap(), Some("héllo ▁world"));
 
     let err = |r: Result<_, GgufError>| r.map(|_: ()| ()).unwrap_err().to_string();
-    assert_eq!(
-        err(file.get_u32("nope").map(drop)),
-        "GGUF metadata key 'nope' is missing"
-    );
-    assert_eq!(
-        err(file.get_u32("v.i32").map(drop)),
-        "GGUF key 'v.i32' has type i32, expected u32"
-    );
-    assert_eq!(
-        err(file.get_u32("v.u64").map(drop)),
-        "GGUF key 'v.u64' has type u64, expected u32"
-    );
-    assert_eq!(
-        err(file.get_str("v.u8").map(drop)),
-        "GGUF key 'v.u8' has type u8, expected string"
-    );
-    assert_eq!(
-        err(file.opt_bool("v.u8").map(drop)),
-        "GGUF key 'v.u8' has type u8, expected bool"
-    );
+    assert_eq!(err(file.get_u32("nope").map(drop)), "GGUF metadata key 'nope' is missing");
+    assert_eq!(err(file.get_u32("v.i32").map(drop)), "GGUF key 'v.i32' has type i32, expected u32");
+    assert_eq!(err(file.get_u32("v.u64").map(drop)), "GGUF key 'v.u64' has type u64, expected u32");
+    assert_eq!(err(file.get_str("v.u8").map(drop)), "GGUF key 'v.u8' has type u8, expected string");
+    assert_eq!(err(file.opt_bool("v.u8").map(drop)), "GGUF key 'v.u8' has type u8, expected bool");
     assert_eq!(
         err(file.get_str_array("v.array_u8").map(drop)),
         "GGUF key 'v.array_u8[0]' has type u8, expected string"
@@ -207,10 +166,7 @@ fn typed_accessors_convert_and_name_the_key() {
         err(file.get_i32_array("v.array_u64").map(drop)),
         "GGUF key 'v.array_u64[0]' has type u64, expected i32"
     );
-    assert_eq!(
-        err(file.architecture().map(drop)),
-        "GGUF metadata key 'general.architecture' is missing"
-    );
+    assert_eq!(err(file.architecture().map(drop)), "GGUF metadata key 'general.architecture' is missing");
 }
 
 #[test]
@@ -218,10 +174,7 @@ fn writer_rejects_bad_input_without_panicking() {
     let mut w = GgufWriter::new();
     w.add_tensor("t", &[32, 2], GgmlType::Q8_0, vec![0; 67]);
     let e = w.to_bytes().unwrap_err().to_string();
-    assert_eq!(
-        e,
-        "GGUF tensor 't': Q8_0 dims [32, 2] need 68 bytes of data, got 67"
-    );
+    assert_eq!(e, "GGUF tensor 't': Q8_0 dims [32, 2] need 68 bytes of data, got 67");
 
     let mut w = GgufWriter::new();
     w.add_tensor("t", &[33], GgmlType::Q8_0, vec![0; 34]);
@@ -232,8 +185,7 @@ fn writer_rejects_bad_input_without_panicking() {
     assert!(matches!(w.to_bytes(), Err(GgufError::BadTensor { .. })));
 
     let mut w = GgufWriter::new();
-    w.add_tensor("t", &[1], GgmlType::F32, vec![0; 4])
-        .add_tensor("t", &[1], GgmlType::F32, vec![0; 4]);
+    w.add_tensor("t", &[1], GgmlType::F32, vec![0; 4]).add_tensor("t", &[1], GgmlType::F32, vec![0; 4]);
     assert!(matches!(w.to_bytes(), Err(GgufError::DuplicateTensor(name)) if name == "t"));
 
     let mut w = GgufWriter::new();
@@ -242,10 +194,7 @@ fn writer_rejects_bad_input_without_panicking() {
 
     let mut w = GgufWriter::new();
     w.add("k", Value::Array(vec![Value::U8(1), Value::I8(2)]));
-    assert_eq!(
-        w.to_bytes().unwrap_err().to_string(),
-        "GGUF key 'k[1]' has type i8, expected u8"
-    );
+    assert_eq!(w.to_bytes().unwrap_err().to_string(), "GGUF key 'k[1]' has type i8, expected u8");
 
     let deep = Value::Array(vec![Value::Array(vec![Value::Array(vec![])])]);
     let mut w = GgufWriter::new();
@@ -264,10 +213,7 @@ fn write_and_open_from_disk() {
     w.write(&path).unwrap();
     let file = GgufFile::open(&path).unwrap();
     assert_eq!(file.architecture().unwrap(), "llama");
-    assert_eq!(
-        file.tensor_bytes(file.tensor("x").unwrap()),
-        &1.0f32.to_le_bytes().repeat(4)[..]
-    );
+    assert_eq!(file.tensor_bytes(file.tensor("x").unwrap()), &1.0f32.to_le_bytes().repeat(4)[..]);
     drop(file);
 
     std::fs::write(&path, b"").unwrap();

@@ -53,7 +53,8 @@ impl ApiError {
 
     /// 429: the queue is full.
     pub fn overloaded(message: impl Into<String>, retry_after: u64) -> ApiError {
-        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message).with_code("rate_limit_exceeded");
+        let mut e =
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message).with_code("rate_limit_exceeded");
         e.retry_after = Some(retry_after);
         e
     }
@@ -108,7 +109,8 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.body()).unwrap_or_else(|_| b"{\"error\":{}}".to_vec());
-        let mut response = (self.status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
+        let mut response =
+            (self.status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }

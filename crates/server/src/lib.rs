@@ -114,12 +114,17 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
         threads_per_request: (config.threads / config.parallel).max(1),
     };
     let addr = format!("{}:{}", config.host, config.port);
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
     let scheduler = Scheduler::start(Arc::new(engine), Arc::clone(&metrics), &scheduler_config)?;
     let state = Arc::new(AppState::new(scheduler, metrics, defaults, config.model_id.clone(), config.body_limit));
     if !local.ip().is_loopback() {
-        eprintln!("specee serve: warning: listening on {} — reachable from other machines; the API has no authentication", local.ip());
+        eprintln!(
+            "specee serve: warning: listening on {} — reachable from other machines; the API has no authentication",
+            local.ip()
+        );
     }
     eprintln!(
         "specee serve: model {}, mode {}, parallel {}, queue {}, context {}, {} thread(s) per request",

@@ -74,7 +74,8 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(queue_capacity: usize, parallel: usize, n_layers: usize) -> Metrics {
-        let counters = Counters { modes: Mode::ALL.iter().map(|&m| (m, ModeCounters::default())).collect(), ..Default::default() };
+        let counters =
+            Counters { modes: Mode::ALL.iter().map(|&m| (m, ModeCounters::default())).collect(), ..Default::default() };
         Metrics {
             counters: Mutex::new(counters),
             queued: AtomicUsize::new(0),
@@ -96,7 +97,14 @@ impl Metrics {
     }
 
     /// Counts one generation that ran (fully or not).
-    pub fn record_generation(&self, mode: Mode, outcome: Outcome, prompt_tokens: usize, stats: DecodeStats, decode_tokens_per_s: Option<f64>) {
+    pub fn record_generation(
+        &self,
+        mode: Mode,
+        outcome: Outcome,
+        prompt_tokens: usize,
+        stats: DecodeStats,
+        decode_tokens_per_s: Option<f64>,
+    ) {
         let mut c = self.counters();
         let m = c.modes.entry(mode).or_default();
         m.prompt_tokens += prompt_tokens as u64;
@@ -158,11 +166,18 @@ impl Metrics {
             for (bound, n) in TOKENS_PER_SECOND_BUCKETS.iter().zip(m.speed_buckets.iter()) {
                 w(format!("specee_decode_tokens_per_second_bucket{{mode=\"{name}\",le=\"{bound}\"}} {n}\n"));
             }
-            w(format!("specee_decode_tokens_per_second_bucket{{mode=\"{name}\",le=\"+Inf\"}} {}\n", m.speed_buckets[TOKENS_PER_SECOND_BUCKETS.len()]));
+            w(format!(
+                "specee_decode_tokens_per_second_bucket{{mode=\"{name}\",le=\"+Inf\"}} {}\n",
+                m.speed_buckets[TOKENS_PER_SECOND_BUCKETS.len()]
+            ));
             w(format!("specee_decode_tokens_per_second_sum{{mode=\"{name}\"}} {}\n", m.speed_sum));
             w(format!("specee_decode_tokens_per_second_count{{mode=\"{name}\"}} {}\n", m.speed_count));
         }
-        w(header("specee_decode_layers_total", "counter", "Layers executed, summed over generated tokens, by decoding mode."));
+        w(header(
+            "specee_decode_layers_total",
+            "counter",
+            "Layers executed, summed over generated tokens, by decoding mode.",
+        ));
         for (mode, m) in &c.modes {
             w(format!("specee_decode_layers_total{{mode=\"{}\"}} {}\n", mode.name(), m.stats.layers));
         }
@@ -170,9 +185,17 @@ impl Metrics {
         for (mode, m) in &c.modes {
             w(format!("specee_decode_steps_total{{mode=\"{}\"}} {}\n", mode.name(), m.stats.steps));
         }
-        w(header("specee_exit_layer_average", "gauge", "Average layers executed per generated token, by decoding mode (0 before any token)."));
+        w(header(
+            "specee_exit_layer_average",
+            "gauge",
+            "Average layers executed per generated token, by decoding mode (0 before any token).",
+        ));
         for (mode, m) in &c.modes {
-            w(format!("specee_exit_layer_average{{mode=\"{}\"}} {}\n", mode.name(), ratio(m.stats.layers, m.stats.tokens)));
+            w(format!(
+                "specee_exit_layer_average{{mode=\"{}\"}} {}\n",
+                mode.name(),
+                ratio(m.stats.layers, m.stats.tokens)
+            ));
         }
         w(header(
             "specee_acceptance_length_average",
@@ -180,7 +203,11 @@ impl Metrics {
             "Average tokens per full-model forward step, by decoding mode (0 before any token).",
         ));
         for (mode, m) in &c.modes {
-            w(format!("specee_acceptance_length_average{{mode=\"{}\"}} {}\n", mode.name(), ratio(m.stats.tokens, m.stats.steps)));
+            w(format!(
+                "specee_acceptance_length_average{{mode=\"{}\"}} {}\n",
+                mode.name(),
+                ratio(m.stats.tokens, m.stats.steps)
+            ));
         }
         out
     }
@@ -214,7 +241,13 @@ mod tests {
         let m = Metrics::new(8, 1, 30);
         m.record_request("/v1/chat/completions", 200);
         m.record_request("/v1/chat/completions", 400);
-        m.record_generation(Mode::Dense, Outcome::Length, 7, DecodeStats { tokens: 4, layers: 120, steps: 4 }, Some(12.0));
+        m.record_generation(
+            Mode::Dense,
+            Outcome::Length,
+            7,
+            DecodeStats { tokens: 4, layers: 120, steps: 4 },
+            Some(12.0),
+        );
         let text = m.render();
         for line in [
             "specee_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1",

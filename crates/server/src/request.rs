@@ -60,7 +60,8 @@ pub struct RequestDefaults {
 
 /// Parses a JSON body into `T`; syntax and type errors become 400s naming the field.
 pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::invalid("the body must be a JSON object"));
     }
@@ -83,11 +84,18 @@ pub fn chat_request(r: wire::ChatCompletionRequest, defaults: &RequestDefaults) 
         return Err(ApiError::invalid_param("messages", "'messages' must hold at least one message"));
     }
     if r.messages.len() > MAX_MESSAGES {
-        return Err(ApiError::invalid_param("messages", format!("'messages' holds {} messages; at most {MAX_MESSAGES} are accepted", r.messages.len())));
+        return Err(ApiError::invalid_param(
+            "messages",
+            format!("'messages' holds {} messages; at most {MAX_MESSAGES} are accepted", r.messages.len()),
+        ));
     }
-    let messages = r.messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<Result<Vec<_>, _>>()?;
+    let messages =
+        r.messages.into_iter().enumerate().map(|(i, m)| chat_message(i, m)).collect::<Result<Vec<_>, _>>()?;
     if r.max_tokens.is_some() && r.max_completion_tokens.is_some() {
-        return Err(ApiError::invalid_param("max_completion_tokens", "give 'max_tokens' or 'max_completion_tokens', not both"));
+        return Err(ApiError::invalid_param(
+            "max_completion_tokens",
+            "give 'max_tokens' or 'max_completion_tokens', not both",
+        ));
     }
     let (max_name, max_value) = match r.max_completion_tokens {
         Some(v) => ("max_completion_tokens", Some(v)),
@@ -107,18 +115,31 @@ pub fn chat_request(r: wire::ChatCompletionRequest, defaults: &RequestDefaults) 
 }
 
 /// Validates a completions request.
-pub fn completion_request(r: wire::CompletionRequest, defaults: &RequestDefaults) -> Result<GenerationRequest, ApiError> {
+pub fn completion_request(
+    r: wire::CompletionRequest,
+    defaults: &RequestDefaults,
+) -> Result<GenerationRequest, ApiError> {
     check_extra_fields(&r.extra, "")?;
     check_n(r.n)?;
     let input = match r.prompt {
         Prompt::Texts(mut texts) => match texts.len() {
             1 => PromptInput::Text(texts.remove(0)),
             0 => return Err(ApiError::invalid_param("prompt", "'prompt' is empty")),
-            n => return Err(ApiError::unsupported("prompt", format!("'prompt' holds {n} prompts; this server answers one prompt per request"))),
+            n => {
+                return Err(ApiError::unsupported(
+                    "prompt",
+                    format!("'prompt' holds {n} prompts; this server answers one prompt per request"),
+                ))
+            }
         },
         Prompt::Tokens(mut lists) => match lists.len() {
             1 => PromptInput::Tokens(token_ids(lists.remove(0), defaults.vocab_size)?),
-            n => return Err(ApiError::unsupported("prompt", format!("'prompt' holds {n} prompts; this server answers one prompt per request"))),
+            n => {
+                return Err(ApiError::unsupported(
+                    "prompt",
+                    format!("'prompt' holds {n} prompts; this server answers one prompt per request"),
+                ))
+            }
         },
     };
     if let PromptInput::Text(t) = &input {
@@ -158,13 +179,19 @@ impl Common {
         if let Some(options) = self.stream_options {
             check_extra_fields(&options.extra, "stream_options.")?;
             if !stream {
-                return Err(ApiError::invalid_param("stream_options", "'stream_options' is only allowed with 'stream': true"));
+                return Err(ApiError::invalid_param(
+                    "stream_options",
+                    "'stream_options' is only allowed with 'stream': true",
+                ));
             }
             include_usage = options.include_usage.unwrap_or(false);
         }
         let temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::invalid_param("temperature", format!("'temperature' must be between 0 and 2, got {temperature}")));
+            return Err(ApiError::invalid_param(
+                "temperature",
+                format!("'temperature' must be between 0 and 2, got {temperature}"),
+            ));
         }
         let top_p = self.top_p.unwrap_or(1.0);
         if !(0.0..=1.0).contains(&top_p) {
@@ -172,43 +199,70 @@ impl Common {
         }
         let stop = self.stop.map(|s| s.0).unwrap_or_default();
         if stop.len() > MAX_STOP_STRINGS {
-            return Err(ApiError::invalid_param("stop", format!("'stop' holds {} strings; at most {MAX_STOP_STRINGS} are accepted", stop.len())));
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!("'stop' holds {} strings; at most {MAX_STOP_STRINGS} are accepted", stop.len()),
+            ));
         }
         if let Some(s) = stop.iter().find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
-            return Err(ApiError::invalid_param("stop", format!("stop strings must be 1 to {MAX_STOP_BYTES} bytes long, got {} bytes", s.len())));
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!("stop strings must be 1 to {MAX_STOP_BYTES} bytes long, got {} bytes", s.len()),
+            ));
         }
         let seed = match self.seed {
             // Any integer is a valid seed; negative ones wrap.
             Some(s) => s as u64,
             None => random_seed(),
         };
-        let mut sampling = SamplingParams { temperature: temperature as f32, top_p: top_p as f32, seed, ..Default::default() };
+        let mut sampling =
+            SamplingParams { temperature: temperature as f32, top_p: top_p as f32, seed, ..Default::default() };
         let mut mode = defaults.mode;
         let mut stop_at_eog = true;
         if let Some(x) = self.specee {
             if let Some(name) = x.mode {
                 mode = Mode::parse(&name).ok_or_else(|| {
-                    ApiError::invalid_param("specee.mode", format!("unknown decoding mode '{name}' (available: {})", Mode::names()))
+                    ApiError::invalid_param(
+                        "specee.mode",
+                        format!("unknown decoding mode '{name}' (available: {})", Mode::names()),
+                    )
                 })?;
             }
             if let Some(k) = x.top_k {
-                sampling.top_k = usize::try_from(k).map_err(|_| ApiError::invalid_param("specee.top_k", format!("'specee.top_k' must be 0 (off) or more, got {k}")))?;
+                sampling.top_k = usize::try_from(k).map_err(|_| {
+                    ApiError::invalid_param("specee.top_k", format!("'specee.top_k' must be 0 (off) or more, got {k}"))
+                })?;
             }
             if let Some(p) = x.min_p {
                 if !(0.0..=1.0).contains(&p) {
-                    return Err(ApiError::invalid_param("specee.min_p", format!("'specee.min_p' must be between 0 and 1, got {p}")));
+                    return Err(ApiError::invalid_param(
+                        "specee.min_p",
+                        format!("'specee.min_p' must be between 0 and 1, got {p}"),
+                    ));
                 }
                 sampling.min_p = p as f32;
             }
             if let Some(p) = x.repeat_penalty {
                 if !(p > 0.0 && p <= 10.0) {
-                    return Err(ApiError::invalid_param("specee.repeat_penalty", format!("'specee.repeat_penalty' must be in (0, 10], got {p}")));
+                    return Err(ApiError::invalid_param(
+                        "specee.repeat_penalty",
+                        format!("'specee.repeat_penalty' must be in (0, 10], got {p}"),
+                    ));
                 }
                 sampling.repeat_penalty = p as f32;
             }
             stop_at_eog = !x.ignore_eos.unwrap_or(false);
         }
-        Ok(GenerationRequest { input, max_tokens: self.max_tokens, sampling, stop, stop_at_eog, mode, stream, include_usage })
+        Ok(GenerationRequest {
+            input,
+            max_tokens: self.max_tokens,
+            sampling,
+            stop,
+            stop_at_eog,
+            mode,
+            stream,
+            include_usage,
+        })
     }
 }
 
@@ -232,7 +286,9 @@ fn max_tokens(name: &str, value: Option<i64>) -> Result<Option<usize>, ApiError>
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),
-        Some(n) if n > 1 => Err(ApiError::unsupported("n", format!("'n' = {n}: this server returns one choice per request (n = 1)"))),
+        Some(n) if n > 1 => {
+            Err(ApiError::unsupported("n", format!("'n' = {n}: this server returns one choice per request (n = 1)")))
+        }
         Some(n) => Err(ApiError::invalid_param("n", format!("'n' must be at least 1, got {n}"))),
     }
 }
@@ -245,9 +301,17 @@ fn chat_message(index: usize, m: wire::ChatMessage) -> Result<Message, ApiError>
         // OpenAI's newer name for system instructions.
         "developer" => "system".to_string(),
         "tool" | "function" => {
-            return Err(ApiError::unsupported(at("role"), format!("role '{}' needs tool calling, which this server does not support", m.role)))
+            return Err(ApiError::unsupported(
+                at("role"),
+                format!("role '{}' needs tool calling, which this server does not support", m.role),
+            ))
         }
-        other => return Err(ApiError::invalid_param(at("role"), format!("unknown role '{other}' (expected system, developer, user or assistant)"))),
+        other => {
+            return Err(ApiError::invalid_param(
+                at("role"),
+                format!("unknown role '{other}' (expected system, developer, user or assistant)"),
+            ))
+        }
     };
     let content = match m.content {
         None => return Err(ApiError::invalid_param(at("content"), format!("'{}' is missing", at("content")))),
@@ -257,7 +321,12 @@ fn chat_message(index: usize, m: wire::ChatMessage) -> Result<Message, ApiError>
             for (j, part) in parts.into_iter().enumerate() {
                 match (part.kind.as_str(), part.text) {
                     ("text", Some(t)) => text.push_str(&t),
-                    ("text", None) => return Err(ApiError::invalid_param(at(&format!("content[{j}].text")), "a text part needs 'text'")),
+                    ("text", None) => {
+                        return Err(ApiError::invalid_param(
+                            at(&format!("content[{j}].text")),
+                            "a text part needs 'text'",
+                        ))
+                    }
                     (other, _) => {
                         return Err(ApiError::unsupported(
                             at(&format!("content[{j}].type")),
@@ -278,10 +347,9 @@ fn token_ids(ids: Vec<i64>, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
     }
     ids.into_iter()
         .map(|id| {
-            u32::try_from(id)
-                .ok()
-                .filter(|&t| (t as usize) < vocab_size)
-                .ok_or_else(|| ApiError::invalid_param("prompt", format!("token id {id} is outside the vocabulary (0..{vocab_size})")))
+            u32::try_from(id).ok().filter(|&t| (t as usize) < vocab_size).ok_or_else(|| {
+                ApiError::invalid_param("prompt", format!("token id {id} is outside the vocabulary (0..{vocab_size})"))
+            })
         })
         .collect()
 }
@@ -296,9 +364,14 @@ enum Extra {
 
 fn extra_policy(name: &str) -> Option<Extra> {
     Some(match name {
-        "user" | "metadata" | "store" | "service_tier" | "parallel_tool_calls" | "prompt_cache_key" | "safety_identifier" | "name" => {
-            Extra::Benign
-        }
+        "user"
+        | "metadata"
+        | "store"
+        | "service_tier"
+        | "parallel_tool_calls"
+        | "prompt_cache_key"
+        | "safety_identifier"
+        | "name" => Extra::Benign,
         "logprobs" | "top_logprobs" => Extra::OnlyNeutral("log probabilities are not supported"),
         "tools" | "tool_choice" | "functions" | "function_call" | "tool_calls" | "tool_call_id" => {
             Extra::OnlyNeutral("tool calling is not supported")
@@ -326,7 +399,9 @@ fn is_neutral(name: &str, value: &Value) -> bool {
         Value::Number(n) => n.as_f64() == Some(if name == "best_of" { 1.0 } else { 0.0 }),
         Value::String(s) => s.is_empty() || (s == "none" && matches!(name, "tool_choice" | "function_call")),
         Value::Array(a) => a.is_empty() || (name == "modalities" && a.iter().all(|m| m == "text")),
-        Value::Object(o) => o.is_empty() || (name == "response_format" && o.len() == 1 && o.get("type").is_some_and(|t| t == "text")),
+        Value::Object(o) => {
+            o.is_empty() || (name == "response_format" && o.len() == 1 && o.get("type").is_some_and(|t| t == "text"))
+        }
         Value::Bool(true) => false,
     }
 }
@@ -342,7 +417,13 @@ fn check_extra_fields(extra: &Map<String, Value>, prefix: &str) -> Result<(), Ap
                     return Err(ApiError::unsupported(param.clone(), format!("'{param}': {why} by this server")));
                 }
             }
-            None => return Err(ApiError::invalid_param(param.clone(), format!("unrecognized request argument supplied: '{param}'")).with_code("unknown_parameter")),
+            None => {
+                return Err(ApiError::invalid_param(
+                    param.clone(),
+                    format!("unrecognized request argument supplied: '{param}'"),
+                )
+                .with_code("unknown_parameter"))
+            }
         }
     }
     Ok(())
@@ -420,13 +501,26 @@ mod tests {
             assert_eq!(param(e).as_deref(), Some(want), "{extra}");
         }
         assert_eq!(param(chat(r#"{"messages": []}"#).unwrap_err()).as_deref(), Some("messages"));
-        assert_eq!(param(chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#).unwrap_err()).as_deref(), Some("messages[0].role"));
-        assert_eq!(param(chat(r#"{"messages": [{"role": "user", "content": 3}]}"#).unwrap_err()).as_deref(), Some("messages[0].content"));
         assert_eq!(
-            param(chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#).unwrap_err()).as_deref(),
+            param(chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#).unwrap_err()).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param(chat(r#"{"messages": [{"role": "user", "content": 3}]}"#).unwrap_err()).as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            param(
+                chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#)
+                    .unwrap_err()
+            )
+            .as_deref(),
             Some("messages[0].content[0].type")
         );
-        assert_eq!(param(chat(r#"{"messages": [{"role": "user"}]}"#).unwrap_err()).as_deref(), Some("messages[0].content"));
+        assert_eq!(
+            param(chat(r#"{"messages": [{"role": "user"}]}"#).unwrap_err()).as_deref(),
+            Some("messages[0].content")
+        );
         assert!(chat(r#"{"prompt": "x"}"#).unwrap_err().message.contains("messages"));
     }
 
@@ -442,7 +536,10 @@ mod tests {
         let r = completion(r#"{"prompt": "Once"}"#).unwrap();
         assert_eq!(r.input, PromptInput::Text("Once".into()));
         assert_eq!(r.max_tokens, Some(COMPLETIONS_DEFAULT_MAX_TOKENS));
-        assert_eq!(completion(r#"{"prompt": [[1, 2]], "max_tokens": 99999999999}"#).unwrap().input, PromptInput::Tokens(vec![1, 2]));
+        assert_eq!(
+            completion(r#"{"prompt": [[1, 2]], "max_tokens": 99999999999}"#).unwrap().input,
+            PromptInput::Tokens(vec![1, 2])
+        );
         assert_eq!(param(completion(r#"{"prompt": ["a", "b"]}"#).unwrap_err()).as_deref(), Some("prompt"));
         assert_eq!(param(completion(r#"{"prompt": [100]}"#).unwrap_err()).as_deref(), Some("prompt"));
         assert_eq!(param(completion(r#"{"prompt": [-1]}"#).unwrap_err()).as_deref(), Some("prompt"));

@@ -45,7 +45,13 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(scheduler: Scheduler, metrics: Arc<Metrics>, defaults: RequestDefaults, model_id: String, body_limit: usize) -> AppState {
+    pub fn new(
+        scheduler: Scheduler,
+        metrics: Arc<Metrics>,
+        defaults: RequestDefaults,
+        model_id: String,
+        body_limit: usize,
+    ) -> AppState {
         AppState {
             scheduler,
             metrics,
@@ -110,7 +116,8 @@ async fn method_not_allowed(request: Request) -> ApiError {
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.shutting_down.load(Ordering::Acquire) {
-        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "shutting_down"}))).into_response();
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "shutting_down"})))
+            .into_response();
     }
     axum::Json(serde_json::json!({"status": "ok"})).into_response()
 }
@@ -130,13 +137,20 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
 async fn model(State(state): State<Arc<AppState>>, id: Result<Path<String>, PathRejection>) -> Response {
     let id = match id {
         Ok(Path(id)) => id,
-        Err(e) => return ApiError::invalid(format!("bad model id in the path: {}", e.body_text())).with_status(e.status()).into_response(),
+        Err(e) => {
+            return ApiError::invalid(format!("bad model id in the path: {}", e.body_text()))
+                .with_status(e.status())
+                .into_response()
+        }
     };
     if id != state.model_id {
-        return ApiError::not_found(format!("model '{id}' is not served here (this server serves '{}')", state.model_id))
-            .with_param("model")
-            .with_code("model_not_found")
-            .into_response();
+        return ApiError::not_found(format!(
+            "model '{id}' is not served here (this server serves '{}')",
+            state.model_id
+        ))
+        .with_param("model")
+        .with_code("model_not_found")
+        .into_response();
     }
     axum::Json(model_card(&state)).into_response()
 }
@@ -147,7 +161,8 @@ fn body_error(state: &AppState, rejection: BytesRejection) -> ApiError {
             .with_status(StatusCode::PAYLOAD_TOO_LARGE)
             .with_code("request_too_large")
     } else {
-        ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text())).with_status(rejection.status())
+        ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text()))
+            .with_status(rejection.status())
     }
 }
 
@@ -246,7 +261,12 @@ impl Chunks {
                 object: "text_completion",
                 created: self.created,
                 model: self.model.clone(),
-                choices: vec![wire::CompletionChoice { text: f.text, index: 0, logprobs: None, finish_reason: Some(f.finish_reason) }],
+                choices: vec![wire::CompletionChoice {
+                    text: f.text,
+                    index: 0,
+                    logprobs: None,
+                    finish_reason: Some(f.finish_reason),
+                }],
                 usage: Some(f.usage),
                 specee: Some(f.info),
             })
@@ -302,7 +322,9 @@ impl Chunks {
                 choices: Vec::new(),
                 usage: Some(usage),
             }),
-            Kind::Completion => json_event(&wire::Completion { usage: Some(usage), ..self.completion_chunk(Vec::new()) }),
+            Kind::Completion => {
+                json_event(&wire::Completion { usage: Some(usage), ..self.completion_chunk(Vec::new()) })
+            }
         }
     }
 }

@@ -85,7 +85,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts `config.parallel` worker threads.
-    pub fn start(engine: Arc<Engine>, metrics: Arc<Metrics>, config: &SchedulerConfig) -> Result<Scheduler, ServerError> {
+    pub fn start(
+        engine: Arc<Engine>,
+        metrics: Arc<Metrics>,
+        config: &SchedulerConfig,
+    ) -> Result<Scheduler, ServerError> {
         let (sender, receiver) = mpsc::channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));
         let admitted = Arc::new(AtomicUsize::new(0));
@@ -118,7 +122,8 @@ impl Scheduler {
 
     /// Queues a job, or answers 429 when `parallel + queue` jobs are already admitted (503 once closed).
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        let admitted = self.admitted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1));
+        let admitted =
+            self.admitted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1));
         if admitted.is_err() {
             return Err(ApiError::overloaded(
                 format!("the server is busy ({} requests generating or queued); retry shortly", self.limit),
@@ -177,7 +182,10 @@ impl Worker {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
             Err(panic) => {
-                let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned());
                 ApiError::internal(format!("generation failed: {}", what.unwrap_or_else(|| "panic".into())))
             }
         };
@@ -249,7 +257,11 @@ impl Worker {
         let finished = Finished {
             text: generation.text,
             finish_reason,
-            usage: Usage { prompt_tokens: prompt_ids.len(), completion_tokens, total_tokens: prompt_ids.len() + completion_tokens },
+            usage: Usage {
+                prompt_tokens: prompt_ids.len(),
+                completion_tokens,
+                total_tokens: prompt_ids.len() + completion_tokens,
+            },
             info: SpeceeInfo {
                 mode: request.mode.name(),
                 prompt_tokens_per_second: timings.prompt_tokens_per_s(),

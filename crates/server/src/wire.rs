@@ -130,11 +130,16 @@ impl<'de> Deserialize<'de> for Stop {
                 .into_iter()
                 .map(|v| match v {
                     Value::String(s) => Ok(s),
-                    other => Err(D::Error::custom(format!("expected a string or an array of strings, found an array holding {}", type_name(&other)))),
+                    other => Err(D::Error::custom(format!(
+                        "expected a string or an array of strings, found an array holding {}",
+                        type_name(&other)
+                    ))),
                 })
                 .collect::<Result<_, _>>()
                 .map(Stop),
-            other => Err(D::Error::custom(format!("expected a string or an array of strings, found {}", type_name(&other)))),
+            other => {
+                Err(D::Error::custom(format!("expected a string or an array of strings, found {}", type_name(&other))))
+            }
         }
     }
 }
@@ -145,9 +150,14 @@ impl<'de> Deserialize<'de> for MessageContent {
         match Value::deserialize(d)? {
             Value::String(s) => Ok(MessageContent::Text(s)),
             v @ Value::Array(_) => serde_json::from_value(v).map(MessageContent::Parts).map_err(|e| {
-                D::Error::custom(format!("expected an array of content parts like {{\"type\": \"text\", \"text\": \"…\"}}: {e}"))
+                D::Error::custom(format!(
+                    "expected an array of content parts like {{\"type\": \"text\", \"text\": \"…\"}}: {e}"
+                ))
             }),
-            other => Err(D::Error::custom(format!("expected a string or an array of content parts, found {}", type_name(&other)))),
+            other => Err(D::Error::custom(format!(
+                "expected a string or an array of content parts, found {}",
+                type_name(&other)
+            ))),
         }
     }
 }
@@ -156,26 +166,41 @@ impl<'de> Deserialize<'de> for Prompt {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         const SHAPES: &str = "a string, an array of strings, an array of token ids or an array of arrays of token ids";
-        let token = |v: &Value| v.as_i64().ok_or_else(|| D::Error::custom(format!("expected {SHAPES}; found a token id that is {}", type_name(v))));
+        let token = |v: &Value| {
+            v.as_i64().ok_or_else(|| {
+                D::Error::custom(format!("expected {SHAPES}; found a token id that is {}", type_name(v)))
+            })
+        };
         match Value::deserialize(d)? {
             Value::String(s) => Ok(Prompt::Texts(vec![s])),
             Value::Array(items) => match items.first() {
                 None => Ok(Prompt::Texts(Vec::new())),
                 Some(Value::String(_)) => items
                     .iter()
-                    .map(|v| v.as_str().map(str::to_string).ok_or_else(|| D::Error::custom(format!("expected {SHAPES}; found a mixed array"))))
+                    .map(|v| {
+                        v.as_str()
+                            .map(str::to_string)
+                            .ok_or_else(|| D::Error::custom(format!("expected {SHAPES}; found a mixed array")))
+                    })
                     .collect::<Result<_, _>>()
                     .map(Prompt::Texts),
-                Some(Value::Number(_)) => Ok(Prompt::Tokens(vec![items.iter().map(token).collect::<Result<_, _>>()?])),
+                Some(Value::Number(_)) => {
+                    Ok(Prompt::Tokens(vec![items.iter().map(token).collect::<Result<_, _>>()?]))
+                }
                 Some(Value::Array(_)) => items
                     .iter()
                     .map(|inner| match inner {
                         Value::Array(ids) => ids.iter().map(token).collect::<Result<Vec<_>, _>>(),
-                        other => Err(D::Error::custom(format!("expected {SHAPES}; found a mixed array holding {}", type_name(other)))),
+                        other => Err(D::Error::custom(format!(
+                            "expected {SHAPES}; found a mixed array holding {}",
+                            type_name(other)
+                        ))),
                     })
                     .collect::<Result<_, _>>()
                     .map(Prompt::Tokens),
-                Some(other) => Err(D::Error::custom(format!("expected {SHAPES}; found an array holding {}", type_name(other)))),
+                Some(other) => {
+                    Err(D::Error::custom(format!("expected {SHAPES}; found an array holding {}", type_name(other))))
+                }
             },
             other => Err(D::Error::custom(format!("expected {SHAPES}; found {}", type_name(&other)))),
         }
@@ -336,7 +361,8 @@ mod tests {
 
     #[test]
     fn content_parts() {
-        let m: ChatMessage = serde_json::from_str(r#"{"role": "user", "content": [{"type": "text", "text": "hi"}]}"#).unwrap();
+        let m: ChatMessage =
+            serde_json::from_str(r#"{"role": "user", "content": [{"type": "text", "text": "hi"}]}"#).unwrap();
         assert!(matches!(m.content, Some(MessageContent::Parts(p)) if p[0].text.as_deref() == Some("hi")));
         assert!(serde_json::from_str::<ChatMessage>(r#"{"role": "user", "content": 5}"#).is_err());
     }

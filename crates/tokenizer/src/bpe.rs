@@ -70,18 +70,12 @@ impl BytePairModel {
         merge_table.reserve(merges.len());
         for (rank, merge) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first character
-            let Some(split) = merge
-                .char_indices()
-                .skip(1)
-                .find(|&(_, c)| c == ' ')
-                .map(|(i, _)| i)
-            else {
+            let Some(split) = merge.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i) else {
                 continue;
             };
-            let (Some(left), Some(right)) = (
-                decode_byte_level(&merge[..split]),
-                decode_byte_level(&merge[split + 1..]),
-            ) else {
+            let (Some(left), Some(right)) =
+                (decode_byte_level(&merge[..split]), decode_byte_level(&merge[split + 1..]))
+            else {
                 continue;
             };
             let mut joined = left.clone();
@@ -90,16 +84,10 @@ impl BytePairModel {
             let right = intern(&mut strings, right);
             let joined = intern(&mut strings, joined);
             // the first occurrence of a pair keeps its rank
-            merge_table
-                .entry((left, right))
-                .or_insert((rank as u32, joined));
+            merge_table.entry((left, right)).or_insert((rank as u32, joined));
         }
-        let single_char_tokens: HashMap<&str, u32> = tokens
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.len() == 1)
-            .map(|(id, t)| (*t, id as u32))
-            .collect();
+        let single_char_tokens: HashMap<&str, u32> =
+            tokens.iter().enumerate().filter(|(_, t)| t.len() == 1).map(|(id, t)| (*t, id as u32)).collect();
         let byte_fallback = (0..=255u8)
             .map(|byte| {
                 let mut utf8 = [0u8; 4];
@@ -112,22 +100,12 @@ impl BytePairModel {
                     .collect()
             })
             .collect();
-        BytePairModel {
-            strings,
-            byte_symbol,
-            merges: merge_table,
-            n_vocab,
-            byte_fallback,
-            ignore_merges,
-        }
+        BytePairModel { strings, byte_symbol, merges: merge_table, n_vocab, byte_fallback, ignore_merges }
     }
 
     /// The token id whose (raw-byte) text is `bytes`, if any.
     fn token(&self, bytes: &[u8]) -> Option<u32> {
-        self.strings
-            .get(bytes)
-            .copied()
-            .filter(|&id| id < self.n_vocab)
+        self.strings.get(bytes).copied().filter(|&id| id < self.n_vocab)
     }
 
     /// Appends the tokens of one pre-tokenized word.
@@ -181,21 +159,9 @@ impl BytePairModel {
         for i in 1..n {
             push_pair(&mut queue, &symbols, i as i32 - 1, i as i32);
         }
-        while let Some(Reverse(QueuedPair {
-            left,
-            right,
-            left_id,
-            right_id,
-            ..
-        })) = queue.pop()
-        {
+        while let Some(Reverse(QueuedPair { left, right, left_id, right_id, .. })) = queue.pop() {
             let (l, r) = (symbols[left as usize], symbols[right as usize]);
-            if l.len == 0
-                || r.len == 0
-                || l.id != left_id
-                || r.id != right_id
-                || l.next != right as i32
-            {
+            if l.len == 0 || r.len == 0 || l.id != left_id || r.id != right_id || l.next != right as i32 {
                 continue; // outdated
             }
             let Some(&(_, merged)) = self.merges.get(&(l.id, r.id)) else {

@@ -25,10 +25,7 @@ pub struct Message {
 impl Message {
     /// A message with the given role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message { role: role.into(), content: content.into() }
     }
 }
 
@@ -45,12 +42,9 @@ pub fn render(
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |message: String| -> Result<String, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, message))
-        },
-    );
+    env.add_function("raise_exception", |message: String| -> Result<String, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, message))
+    });
     env.add_filter("tojson", tojson);
     env.add_template("chat", template).map_err(template_error)?;
     let tmpl = env.get_template("chat").map_err(template_error)?;
@@ -95,13 +89,9 @@ fn write_json(
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => out.push_str(&value.to_string()),
         ValueKind::String | ValueKind::Bytes => {
-            let text = value
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| value.to_string());
+            let text = value.as_str().map(str::to_owned).unwrap_or_else(|| value.to_string());
             out.push_str(
-                &serde_json::to_string(&text)
-                    .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?,
+                &serde_json::to_string(&text).map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?,
             );
         }
         ValueKind::Seq | ValueKind::Iterable => {
@@ -130,10 +120,7 @@ fn write_json(
                     out.push_str(item_separator);
                 }
                 newline(out, depth + 1);
-                let name = key
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| key.to_string());
+                let name = key.as_str().map(str::to_owned).unwrap_or_else(|| key.to_string());
                 out.push_str(
                     &serde_json::to_string(&name)
                         .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?,
@@ -170,33 +157,17 @@ mod tests {
     #[test]
     fn chatml() {
         let out = render(CHATML, &[Message::new("user", "Hi")], true, "", "").unwrap();
-        assert_eq!(
-            out,
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        );
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     }
 
     #[test]
     fn python_methods_raise_exception_and_trim_blocks() {
         let template = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}\n{% for m in messages %}\n[{{ m['content'].strip() | upper }}]{{ eos_token }}\n{% endfor %}";
-        let out = render(
-            template,
-            &[Message::new("user", "  hi  ")],
-            false,
-            "<s>",
-            "</s>",
-        )
-        .unwrap();
-        assert_eq!(
-            out, "[HI]</s>\n",
-            "as Python's jinja2 with trim_blocks and lstrip_blocks"
-        );
+        let out = render(template, &[Message::new("user", "  hi  ")], false, "<s>", "</s>").unwrap();
+        assert_eq!(out, "[HI]</s>\n", "as Python's jinja2 with trim_blocks and lstrip_blocks");
         let err = render(template, &[Message::new("system", "x")], false, "", "").unwrap_err();
         assert!(err.to_string().contains("no system"), "{err}");
-        assert!(matches!(
-            render("{% if %}", &[], false, "", ""),
-            Err(TokenizerError::Template(_))
-        ));
+        assert!(matches!(render("{% if %}", &[], false, "", ""), Err(TokenizerError::Template(_))));
     }
 
     #[test]
@@ -204,20 +175,10 @@ mod tests {
         let messages = [Message::new("user", "a\"bé\n")];
         let out = render("{{ messages[0] | tojson }}", &messages, false, "", "").unwrap();
         assert_eq!(out, r#"{"role": "user", "content": "a\"bé\n"}"#);
-        let out = render(
-            "{{ messages | tojson(indent=2) }}",
-            &messages[..0],
-            false,
-            "",
-            "",
-        )
-        .unwrap();
+        let out = render("{{ messages | tojson(indent=2) }}", &messages[..0], false, "", "").unwrap();
         assert_eq!(out, "[]");
         let template = "{{ {'a': [1, 2.5, none, true], 'b': {}} | tojson(indent=2) }}";
         let out = render(template, &[], false, "", "").unwrap();
-        assert_eq!(
-            out,
-            "{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"b\": {}\n}"
-        );
+        assert_eq!(out, "{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"b\": {}\n}");
     }
 }

@@ -15,10 +15,7 @@ pub struct Packed {
 impl Packed {
     /// An empty store with room for `n` strings.
     pub fn with_capacity(n: usize) -> Packed {
-        Packed {
-            bytes: Vec::with_capacity(n * 8),
-            ends: Vec::with_capacity(n),
-        }
+        Packed { bytes: Vec::with_capacity(n * 8), ends: Vec::with_capacity(n) }
     }
 
     /// Appends a string.
@@ -39,9 +36,7 @@ impl Packed {
             return &[];
         };
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        self.bytes
-            .get(start as usize..end as usize)
-            .unwrap_or_default()
+        self.bytes.get(start as usize..end as usize).unwrap_or_default()
     }
 
     /// Number of strings.
@@ -73,17 +68,11 @@ impl TokenIndex {
             match table.find_mut(hash, |&other| texts.get(other as usize) == text) {
                 Some(slot) => *slot = id as u32,
                 None => {
-                    table.insert_unique(hash, id as u32, |&other| {
-                        hasher.hash_one(texts.get(other as usize))
-                    });
+                    table.insert_unique(hash, id as u32, |&other| hasher.hash_one(texts.get(other as usize)));
                 }
             }
         }
-        TokenIndex {
-            texts,
-            table,
-            hasher,
-        }
+        TokenIndex { texts, table, hasher }
     }
 
     /// Builds the index from string slices.
@@ -105,9 +94,7 @@ impl TokenIndex {
     #[inline]
     pub fn get_bytes(&self, bytes: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(bytes);
-        self.table
-            .find(hash, |&id| self.texts.get(id as usize) == bytes)
-            .copied()
+        self.table.find(hash, |&id| self.texts.get(id as usize) == bytes).copied()
     }
 
     /// The text of token `id` (empty if out of range).

@@ -54,10 +54,7 @@ use vocab::{attr, Vocab};
 /// The subword algorithm of a vocabulary (`tokenizer.ggml.model`).
 enum Model {
     /// `gpt2`: byte-level BPE with ranked merges after a regex pre-tokenizer.
-    BytePair {
-        model: Box<BytePairModel>,
-        pre: PreTokenizer,
-    },
+    BytePair { model: Box<BytePairModel>, pre: PreTokenizer },
     /// `llama`: SentencePiece-style BPE merging by token score.
     ScoreBpe { model: Box<ScoreBpeModel> },
 }
@@ -77,10 +74,7 @@ impl Tokenizer {
             .ok_or_else(|| TokenizerError::MissingKey("tokenizer.ggml.model".into()))?;
         let tokens = file.get_str_array("tokenizer.ggml.tokens")?;
         if tokens.is_empty() || tokens.len() > u32::MAX as usize / 2 {
-            return Err(TokenizerError::BadVocab(format!(
-                "tokenizer.ggml.tokens has {} entries",
-                tokens.len()
-            )));
+            return Err(TokenizerError::BadVocab(format!("tokenizer.ggml.tokens has {} entries", tokens.len())));
         }
         let token_types = match file.get("tokenizer.ggml.token_type") {
             Some(_) => Some(file.get_i32_array("tokenizer.ggml.token_type")?),
@@ -95,12 +89,7 @@ impl Tokenizer {
                     Some(_) => file.get_str_array("tokenizer.ggml.merges")?,
                     None => return Err(TokenizerError::MissingKey("tokenizer.ggml.merges".into())),
                 };
-                let vocab = Vocab::load(
-                    file,
-                    &tokens,
-                    token_types.as_deref(),
-                    vocab::Kind::BytePair { pre },
-                )?;
+                let vocab = Vocab::load(file, &tokens, token_types.as_deref(), vocab::Kind::BytePair { pre })?;
                 (
                     Model::BytePair {
                         model: Box::new(BytePairModel::new(&tokens, &merges, pre.ignores_merges())),
@@ -121,33 +110,18 @@ impl Tokenizer {
                         tokens.len()
                     )));
                 }
-                let vocab =
-                    Vocab::load(file, &tokens, token_types.as_deref(), vocab::Kind::ScoreBpe)?;
-                (
-                    Model::ScoreBpe {
-                        model: Box::new(ScoreBpeModel::new(&vocab.index, scores)),
-                    },
-                    vocab,
-                )
+                let vocab = Vocab::load(file, &tokens, token_types.as_deref(), vocab::Kind::ScoreBpe)?;
+                (Model::ScoreBpe { model: Box::new(ScoreBpeModel::new(&vocab.index, scores)) }, vocab)
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
         };
         let specials = SpecialTokens::new((0..vocab.len() as u32).filter_map(|id| {
             let a = vocab.attrs[id as usize];
-            (a & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0).then(|| {
-                (
-                    id,
-                    Box::from(vocab.text(id)),
-                    a & (attr::CONTROL | attr::UNKNOWN) != 0,
-                )
-            })
+            (a & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
+                .then(|| (id, Box::from(vocab.text(id)), a & (attr::CONTROL | attr::UNKNOWN) != 0))
         }));
         unicode::warm_up();
-        Ok(Tokenizer {
-            model,
-            vocab,
-            specials,
-        })
+        Ok(Tokenizer { model, vocab, specials })
     }
 
     /// Tokenizes `text` like llama.cpp's `llama_tokenize(text, add_special, parse_special)`:
@@ -285,10 +259,7 @@ impl Tokenizer {
 
     /// Whether `id` is a control or user-defined token.
     pub fn is_special(&self, id: u32) -> bool {
-        self.vocab
-            .attrs
-            .get(id as usize)
-            .is_some_and(|a| a & (attr::CONTROL | attr::USER_DEFINED) != 0)
+        self.vocab.attrs.get(id as usize).is_some_and(|a| a & (attr::CONTROL | attr::USER_DEFINED) != 0)
     }
 }
 
@@ -327,9 +298,7 @@ mod tests {
 
     /// A tiny SentencePiece vocabulary: `<sep>` is CONTROL, `"\n\n"` USER_DEFINED, plus byte tokens.
     fn sentencepiece() -> Tokenizer {
-        let mut tokens = vec![
-            "<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "▁b", "<sep>", "\n\n",
-        ];
+        let mut tokens = vec!["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "▁b", "<sep>", "\n\n"];
         let mut scores = vec![0.0, 0.0, 0.0, -5.0, -10.0, -10.0, -1.0, -1.0, 0.0, 0.0];
         let mut types = vec![2, 3, 3, 1, 1, 1, 1, 1, 3, 4];
         let hex: Vec<String> = (0..=255u8).map(|b| format!("<0x{b:02X}>")).collect();
@@ -339,14 +308,8 @@ mod tests {
         build(|w| {
             w.add("tokenizer.ggml.model", "llama")
                 .add("tokenizer.ggml.tokens", strings(&tokens))
-                .add(
-                    "tokenizer.ggml.scores",
-                    Value::Array(scores.into_iter().map(Value::F32).collect()),
-                )
-                .add(
-                    "tokenizer.ggml.token_type",
-                    Value::Array(types.into_iter().map(Value::I32).collect()),
-                );
+                .add("tokenizer.ggml.scores", Value::Array(scores.into_iter().map(Value::F32).collect()))
+                .add("tokenizer.ggml.token_type", Value::Array(types.into_iter().map(Value::I32).collect()));
         })
         .expect("valid vocabulary")
     }
@@ -354,11 +317,7 @@ mod tests {
     #[test]
     fn sentencepiece_space_prefix_specials_and_byte_fallback() {
         let t = sentencepiece();
-        assert_eq!(
-            (t.bos(), t.eos(), t.add_bos()),
-            (Some(1), Some(2), true),
-            "llama.cpp's SPM defaults"
-        );
+        assert_eq!((t.bos(), t.eos(), t.add_bos()), (Some(1), Some(2), true), "llama.cpp's SPM defaults");
         assert_eq!(t.encode("a b", true, false), [1, 6, 7]);
         // after a special token the next fragment gets the space prefix again
         assert_eq!(t.encode("a<sep>b", false, true), [6, 8, 7]);
@@ -379,8 +338,7 @@ mod tests {
     fn bad_metadata_is_an_error_not_a_panic() {
         let tokens = strings(&["a", "b", "ab"]);
         let err = build(|w| {
-            w.add("tokenizer.ggml.model", "bert")
-                .add("tokenizer.ggml.tokens", tokens.clone());
+            w.add("tokenizer.ggml.model", "bert").add("tokenizer.ggml.tokens", tokens.clone());
         });
         assert!(matches!(err, Err(TokenizerError::UnsupportedModel(m)) if m == "bert"));
         let err = build(|w| {
@@ -391,8 +349,7 @@ mod tests {
         });
         assert!(matches!(err, Err(TokenizerError::UnsupportedPre(p)) if p == "klingon"));
         let err = build(|w| {
-            w.add("tokenizer.ggml.model", "gpt2")
-                .add("tokenizer.ggml.tokens", tokens.clone());
+            w.add("tokenizer.ggml.model", "gpt2").add("tokenizer.ggml.tokens", tokens.clone());
         });
         assert!(matches!(err, Err(TokenizerError::MissingKey(k)) if k == "tokenizer.ggml.merges"));
         let err = build(|w| {
@@ -412,14 +369,8 @@ mod tests {
         let t = build(|w| {
             w.add("tokenizer.ggml.model", "gpt2")
                 .add("tokenizer.ggml.pre", "gpt-2")
-                .add(
-                    "tokenizer.ggml.tokens",
-                    strings(&["<|endoftext|>", "a", "b", "Ġ", "ab", "Ġab"]),
-                )
-                .add(
-                    "tokenizer.ggml.token_type",
-                    Value::Array([3, 1, 1, 1, 1, 1].map(Value::I32).to_vec()),
-                )
+                .add("tokenizer.ggml.tokens", strings(&["<|endoftext|>", "a", "b", "Ġ", "ab", "Ġab"]))
+                .add("tokenizer.ggml.token_type", Value::Array([3, 1, 1, 1, 1, 1].map(Value::I32).to_vec()))
                 .add("tokenizer.ggml.merges", strings(&["a b", "Ġ ab"]))
                 .add("tokenizer.ggml.eos_token_id", Value::U32(0));
         })

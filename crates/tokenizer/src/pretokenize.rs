@@ -42,12 +42,14 @@ impl PreTokenizer {
     pub fn from_name(pre: &str) -> Option<PreTokenizer> {
         Some(match pre {
             "default" => PreTokenizer::Default,
-            "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "jina-es" | "jina-de"
-            | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum" => PreTokenizer::Gpt2,
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva-7b" => PreTokenizer::Smollm,
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" => PreTokenizer::Llama3,
+            "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "jina-es" | "jina-de" | "gigachat"
+            | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum" => PreTokenizer::Gpt2,
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+                PreTokenizer::Smollm
+            }
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => {
+                PreTokenizer::Llama3
+            }
             "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" => PreTokenizer::Qwen2,
             _ => return None,
         })
@@ -61,12 +63,7 @@ impl PreTokenizer {
 
     fn steps(self) -> &'static [Step] {
         match self {
-            PreTokenizer::Default => &[
-                Step::PunctuationRuns,
-                Step::Gpt2,
-                Step::NumberRuns,
-                Step::AsciiDigitTriples,
-            ],
+            PreTokenizer::Default => &[Step::PunctuationRuns, Step::Gpt2, Step::NumberRuns, Step::AsciiDigitTriples],
             PreTokenizer::Gpt2 => &[Step::Gpt2],
             PreTokenizer::Smollm => &[Step::EachNumber, Step::Gpt2],
             PreTokenizer::Llama3 => &[Step::Llama3 { max_digits: 3 }],
@@ -83,11 +80,7 @@ impl PreTokenizer {
             chars.push(c);
         }
         offsets.push(text.len());
-        let mut chunks = if chars.is_empty() {
-            Vec::new()
-        } else {
-            vec![chars.len()]
-        };
+        let mut chunks = if chars.is_empty() { Vec::new() } else { vec![chars.len()] };
         for step in self.steps() {
             chunks = step.apply(&chars, &chunks);
         }
@@ -128,24 +121,14 @@ impl Step {
         for &len in chunks {
             let chunk = &chars[start..start + len];
             start += len;
-            let mut words = Words {
-                out: &mut out,
-                prev_end: 0,
-            };
+            let mut words = Words { out: &mut out, prev_end: 0 };
             match self {
-                Step::EachNumber => {
-                    split_runs(chunk, &mut words, |c| class_of(c) & NUMBER != 0, true)
-                }
-                Step::NumberRuns => {
-                    split_runs(chunk, &mut words, |c| class_of(c) & NUMBER != 0, false)
-                }
+                Step::EachNumber => split_runs(chunk, &mut words, |c| class_of(c) & NUMBER != 0, true),
+                Step::NumberRuns => split_runs(chunk, &mut words, |c| class_of(c) & NUMBER != 0, false),
                 Step::PunctuationRuns => split_runs(
                     chunk,
                     &mut words,
-                    |c| {
-                        class_of(c) & PUNCTUATION != 0
-                            || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|')
-                    },
+                    |c| class_of(c) & PUNCTUATION != 0 || matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '~' | '|'),
                     false,
                 ),
                 Step::AsciiDigitTriples => split_ascii_digit_triples(chunk, &mut words),
@@ -221,10 +204,7 @@ fn is_other(flags: u8) -> bool {
 
 /// Length of the whitespace run starting at `pos`.
 fn whitespace_run(chunk: &[char], pos: usize) -> usize {
-    chunk[pos..]
-        .iter()
-        .take_while(|&&c| class_of(c) & WHITESPACE != 0)
-        .count()
+    chunk[pos..].iter().take_while(|&&c| class_of(c) & WHITESPACE != 0).count()
 }
 
 /// llama.cpp's `unicode_regex_split_custom_gpt2`.
@@ -241,8 +221,7 @@ fn split_gpt2(chunk: &[char], words: &mut Words) {
                 words.end_at(pos);
                 continue;
             }
-            if pos + 2 < n && matches!((next, chunk[pos + 2]), ('r', 'e') | ('v', 'e') | ('l', 'l'))
-            {
+            if pos + 2 < n && matches!((next, chunk[pos + 2]), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
                 pos += 3;
                 words.end_at(pos);
                 continue;
@@ -296,10 +275,7 @@ fn split_llama3(chunk: &[char], words: &mut Words, max_digits: usize) {
                 continue;
             }
             if pos + 2 < n
-                && matches!(
-                    (next, chunk[pos + 2].to_ascii_lowercase()),
-                    ('r', 'e') | ('v', 'e') | ('l', 'l')
-                )
+                && matches!((next, chunk[pos + 2].to_ascii_lowercase()), ('r', 'e') | ('v', 'e') | ('l', 'l'))
             {
                 pos += 3;
                 words.end_at(pos);
@@ -345,10 +321,7 @@ fn split_llama3(chunk: &[char], words: &mut Words, max_digits: usize) {
         }
         let spaces = whitespace_run(chunk, pos);
         // \s*[\r\n]+: up to the last line break of the whitespace run
-        if let Some(last_break) = chunk[pos..pos + spaces]
-            .iter()
-            .rposition(|&c| c == '\r' || c == '\n')
-        {
+        if let Some(last_break) = chunk[pos..pos + spaces].iter().rposition(|&c| c == '\r' || c == '\n') {
             pos += last_break + 1;
             words.end_at(pos);
             continue;
@@ -376,10 +349,7 @@ mod tests {
     #[test]
     fn gpt2_basic_words_and_contractions() {
         assert_eq!(words(Gpt2, "Hello, world!"), ["Hello", ",", " world", "!"]);
-        assert_eq!(
-            words(Gpt2, "I'm sure you'll"),
-            ["I", "'m", " sure", " you", "'ll"]
-        );
+        assert_eq!(words(Gpt2, "I'm sure you'll"), ["I", "'m", " sure", " you", "'ll"]);
         // contractions are case-sensitive in the GPT-2 regex
         assert_eq!(words(Gpt2, "I'M"), ["I", "'", "M"]);
         assert_eq!(words(Gpt2, ""), Vec::<&str>::new());
@@ -392,40 +362,28 @@ mod tests {
         assert_eq!(words(Gpt2, "  two  "), [" ", " two", "  "]);
         assert_eq!(words(Gpt2, "x\n\n\ny"), ["x", "\n\n", "\n", "y"]);
         assert_eq!(words(Gpt2, "a\tb"), ["a", "\t", "b"]);
-        assert_eq!(
-            words(Gpt2, "Line one.\r\nLine"),
-            ["Line", " one", ".", "\r", "\n", "Line"]
-        );
+        assert_eq!(words(Gpt2, "Line one.\r\nLine"), ["Line", " one", ".", "\r", "\n", "Line"]);
         assert_eq!(words(Gpt2, " "), [" "]);
         assert_eq!(words(Gpt2, "\u{a0}non"), ["\u{a0}", "non"]);
     }
 
     #[test]
     fn gpt2_numbers_and_symbols() {
-        assert_eq!(
-            words(Gpt2, "x 12345 3.14"),
-            ["x", " 12345", " 3", ".", "14"]
-        );
+        assert_eq!(words(Gpt2, "x 12345 3.14"), ["x", " 12345", " 3", ".", "14"]);
         assert_eq!(words(Gpt2, " -42 $100"), [" -", "42", " $", "100"]);
         assert_eq!(words(Gpt2, "😀🚀 ©®"), ["😀🚀", " ©®"]);
     }
 
     #[test]
     fn smollm_splits_every_digit() {
-        assert_eq!(
-            words(Smollm, "Numbers: 12 3.14"),
-            ["Numbers", ":", " ", "1", "2", " ", "3", ".", "1", "4"]
-        );
+        assert_eq!(words(Smollm, "Numbers: 12 3.14"), ["Numbers", ":", " ", "1", "2", " ", "3", ".", "1", "4"]);
         assert_eq!(words(Smollm, "1e10"), ["1", "e", "1", "0"]);
         assert_eq!(words(Smollm, "x²"), ["x", "²"]);
     }
 
     #[test]
     fn llama3_digits_and_newlines() {
-        assert_eq!(
-            words(Llama3, "12345 1e10"),
-            ["123", "45", " ", "1", "e", "10"]
-        );
+        assert_eq!(words(Llama3, "12345 1e10"), ["123", "45", " ", "1", "e", "10"]);
         assert_eq!(words(Llama3, "I'M done"), ["I", "'M", " done"]);
         assert_eq!(words(Llama3, "a\tb"), ["a", "\tb"]);
         assert_eq!(words(Llama3, "a.\r\n\r\nb"), ["a", ".\r\n\r\n", "b"]);
@@ -442,24 +400,15 @@ mod tests {
 
     #[test]
     fn default_pre_tokenizer() {
-        assert_eq!(
-            words(Default, "a+b=c, 12345!"),
-            ["a", "+", "b", "=", "c", ",", " ", "123", "45", "!"]
-        );
+        assert_eq!(words(Default, "a+b=c, 12345!"), ["a", "+", "b", "=", "c", ",", " ", "123", "45", "!"]);
     }
 
     #[test]
     fn unicode_letters_and_marks() {
         // combining marks are neither letters nor numbers: they form their own "other" run
-        assert_eq!(
-            words(Gpt2, "cafe\u{301} naïve"),
-            ["cafe", "\u{301}", " naïve"]
-        );
+        assert_eq!(words(Gpt2, "cafe\u{301} naïve"), ["cafe", "\u{301}", " naïve"]);
         assert_eq!(words(Gpt2, "日本語のテキスト"), ["日本語のテキスト"]);
-        assert_eq!(
-            words(Gpt2, "zero\u{200b}width"),
-            ["zero", "\u{200b}", "width"]
-        );
+        assert_eq!(words(Gpt2, "zero\u{200b}width"), ["zero", "\u{200b}", "width"]);
     }
 
     #[test]

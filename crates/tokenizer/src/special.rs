@@ -42,11 +42,7 @@ impl SpecialTokens {
     pub fn new(tokens: impl Iterator<Item = (u32, Box<str>, bool)>) -> SpecialTokens {
         let mut candidates: Vec<Candidate> = tokens
             .filter(|(_, text, _)| !text.is_empty())
-            .map(|(id, text, needs_parse_special)| Candidate {
-                id,
-                text,
-                needs_parse_special,
-            })
+            .map(|(id, text, needs_parse_special)| Candidate { id, text, needs_parse_special })
             .collect();
         candidates.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
         let finder = if candidates.is_empty() {
@@ -89,10 +85,7 @@ impl SpecialTokens {
                 };
                 let mut start = range.start;
                 // matches of a valid UTF-8 needle fall on character boundaries
-                while let Some(found) = text
-                    .get(start..range.end)
-                    .and_then(|rest| rest.find(needle))
-                {
+                while let Some(found) = text.get(start..range.end).and_then(|rest| rest.find(needle)) {
                     let at = start + found;
                     if at > start {
                         next.push(Fragment::Text(start..at));
@@ -131,20 +124,10 @@ mod tests {
         let text = "<|im_start|>user\n\n\nhi<s>";
         assert_eq!(
             specials().partition(text, true),
-            [
-                Token(2),
-                Text(12..16),
-                Token(4),
-                Token(3),
-                Text(19..21),
-                Token(1)
-            ]
+            [Token(2), Text(12..16), Token(4), Token(3), Text(19..21), Token(1)]
         );
         // without parse_special only the user-defined "\n" tokens are cut out
-        assert_eq!(
-            specials().partition(text, false),
-            [Text(0..16), Token(4), Token(3), Text(19..24)]
-        );
+        assert_eq!(specials().partition(text, false), [Text(0..16), Token(4), Token(3), Text(19..24)]);
         assert_eq!(specials().partition("", true), []);
         assert_eq!(specials().partition("<|im_x", true), [Token(5), Text(4..6)]);
     }

@@ -48,10 +48,7 @@ impl Ord for Pair {
     /// Higher score first, then the smaller left index (llama.cpp compares scores with `<`, so
     /// -0.0 and 0.0 tie).
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .partial_cmp(&other.score)
-            .unwrap_or(Ordering::Equal)
-            .then_with(|| other.left.cmp(&self.left))
+        self.score.partial_cmp(&other.score).unwrap_or(Ordering::Equal).then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -63,14 +60,9 @@ impl ScoreBpeModel {
             let hex = format!("<0x{byte:02X}>");
             let byte = [byte as u8];
             let raw = std::str::from_utf8(&byte).ok();
-            *slot = token_ids
-                .get(&hex)
-                .or_else(|| raw.and_then(|raw| token_ids.get(raw)));
+            *slot = token_ids.get(&hex).or_else(|| raw.and_then(|raw| token_ids.get(raw)));
         }
-        ScoreBpeModel {
-            scores,
-            byte_tokens,
-        }
+        ScoreBpeModel { scores, byte_tokens }
     }
 
     fn score(&self, id: u32) -> f32 {
@@ -110,16 +102,9 @@ impl ScoreBpeModel {
             let (l, r) = (&symbols[left as usize], &symbols[right as usize]);
             let size = l.len + r.len;
             // symbols start and end on character boundaries
-            let text = escaped
-                .get(l.start as usize..(l.start + size) as usize)
-                .unwrap_or_default();
+            let text = escaped.get(l.start as usize..(l.start + size) as usize).unwrap_or_default();
             if let Some(id) = token_ids.get(text) {
-                queue.push(Pair {
-                    score: self.score(id),
-                    left: left as u32,
-                    right: right as u32,
-                    size,
-                });
+                queue.push(Pair { score: self.score(id), left: left as u32, right: right as u32, size });
             }
         };
         for i in 1..symbols.len() {
@@ -145,9 +130,7 @@ impl ScoreBpeModel {
         let mut i = 0i32;
         while i >= 0 {
             let s = &symbols[i as usize];
-            let text = escaped
-                .get(s.start as usize..(s.start + s.len) as usize)
-                .unwrap_or_default();
+            let text = escaped.get(s.start as usize..(s.start + s.len) as usize).unwrap_or_default();
             match token_ids.get(text) {
                 Some(id) => out.push(id),
                 None => out.extend(text.bytes().filter_map(|b| self.byte_tokens[b as usize])),
@@ -162,10 +145,8 @@ mod tests {
     use super::*;
 
     fn model() -> (TokenIndex, ScoreBpeModel) {
-        let mut tokens: Vec<String> = ["<unk>", "▁", "a", "b", "c", "ab", "bc", "▁a", "abc"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut tokens: Vec<String> =
+            ["<unk>", "▁", "a", "b", "c", "ab", "bc", "▁a", "abc"].iter().map(|s| s.to_string()).collect();
         let mut scores = vec![0.0, -1.0, -2.0, -2.0, -2.0, -5.0, -3.0, -4.0, -6.0];
         tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
         scores.extend([0.0; 256]);

@@ -85,10 +85,7 @@ mod tests {
             let mut out = String::new();
             for chunk in bytes.chunks(step) {
                 let emitted = decoder.push_bytes(chunk);
-                assert!(
-                    !emitted.contains(char::REPLACEMENT_CHARACTER),
-                    "step {step}: {emitted:?}"
-                );
+                assert!(!emitted.contains(char::REPLACEMENT_CHARACTER), "step {step}: {emitted:?}");
                 out.push_str(&emitted);
                 assert!(text.starts_with(&out));
             }

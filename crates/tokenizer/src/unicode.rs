@@ -22,8 +22,8 @@ pub const PUNCTUATION: u8 = 8;
 
 /// Unicode `White_Space`, the set llama.cpp's `unicode_set_whitespace` holds.
 const WHITESPACE_CODE_POINTS: &[u32] = &[
-    0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004,
-    0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000,
+    0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006,
+    0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000,
 ];
 
 const CODE_POINTS: usize = 0x11_0000;
@@ -32,11 +32,7 @@ fn table() -> &'static [u8] {
     static TABLE: OnceLock<Vec<u8>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let mut table = vec![0u8; CODE_POINTS];
-        for (pattern, flag) in [
-            (r"\p{L}", LETTER),
-            (r"\p{N}", NUMBER),
-            (r"\p{P}", PUNCTUATION),
-        ] {
+        for (pattern, flag) in [(r"\p{L}", LETTER), (r"\p{N}", NUMBER), (r"\p{P}", PUNCTUATION)] {
             for (start, end) in unicode_class_ranges(pattern) {
                 for entry in &mut table[start as usize..=end as usize] {
                     *entry |= flag;
@@ -58,11 +54,9 @@ fn unicode_class_ranges(pattern: &str) -> Vec<(u32, u32)> {
         return Vec::new();
     };
     match hir.kind() {
-        HirKind::Class(Class::Unicode(class)) => class
-            .ranges()
-            .iter()
-            .map(|r| (u32::from(r.start()), u32::from(r.end())))
-            .collect(),
+        HirKind::Class(Class::Unicode(class)) => {
+            class.ranges().iter().map(|r| (u32::from(r.start()), u32::from(r.end()))).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -137,11 +131,7 @@ mod tests {
         assert_eq!(class_of(' '), WHITESPACE);
         assert_eq!(class_of('\u{a0}'), WHITESPACE);
         assert_eq!(class_of('\u{2009}'), WHITESPACE);
-        assert_eq!(
-            class_of('\u{200b}'),
-            0,
-            "zero-width space is a format character, not whitespace"
-        );
+        assert_eq!(class_of('\u{200b}'), 0, "zero-width space is a format character, not whitespace");
         assert_eq!(class_of('\u{1c}'), 0);
         assert_eq!(class_of('!'), PUNCTUATION);
         assert_eq!(class_of('$'), 0, "$ is a symbol, not punctuation");

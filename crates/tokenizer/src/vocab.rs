@@ -53,38 +53,14 @@ const EOT_TEXTS: &[&str] = &[
     "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
-const FIM_PRE_TEXTS: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<PRE>",
-    "<|code_prefix|>",
-    "<|prefix|>",
-];
-const FIM_SUF_TEXTS: &[&str] = &[
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<SUF>",
-    "<|code_suffix|>",
-    "<|suffix|>",
-];
-const FIM_MID_TEXTS: &[&str] = &[
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<MID>",
-    "<|code_middle|>",
-    "<|middle|>",
-];
+const FIM_PRE_TEXTS: &[&str] =
+    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "<|code_prefix|>", "<|prefix|>"];
+const FIM_SUF_TEXTS: &[&str] =
+    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "<|code_suffix|>", "<|suffix|>"];
+const FIM_MID_TEXTS: &[&str] =
+    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "<|code_middle|>", "<|middle|>"];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &[
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-];
+const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Texts that end generation (llama.cpp's EOG list).
 const EOG_TEXTS: &[&str] = &[
@@ -173,8 +149,7 @@ impl Vocab {
             Kind::BytePair { pre } => (Some(11), Some(11), pre == PreTokenizer::Llama3, false),
         };
         let in_range = |id: Option<u32>| id.filter(|&id| (id as usize) < n);
-        let special_id =
-            |key: &str| -> Result<Option<u32>, TokenizerError> { Ok(in_range(file.opt_u32(key)?)) };
+        let special_id = |key: &str| -> Result<Option<u32>, TokenizerError> { Ok(in_range(file.opt_u32(key)?)) };
         if let Some(id) = special_id("tokenizer.ggml.bos_token_id")? {
             bos = Some(id);
         }
@@ -188,19 +163,12 @@ impl Vocab {
         let mut fim_pad = special_id("tokenizer.ggml.fim_pad_token_id")?;
         let mut fim_rep = special_id("tokenizer.ggml.fim_rep_token_id")?;
         let mut fim_sep = special_id("tokenizer.ggml.fim_sep_token_id")?;
-        add_bos = file
-            .opt_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(add_bos);
-        let add_eos = file
-            .opt_bool("tokenizer.ggml.add_eos_token")?
-            .unwrap_or(false);
-        add_space_prefix = file
-            .opt_bool("tokenizer.ggml.add_space_prefix")?
-            .unwrap_or(add_space_prefix);
+        add_bos = file.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos);
+        let add_eos = file.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+        add_space_prefix = file.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(add_space_prefix);
 
         // tokens recognised by text: the smallest id with a listed text fills an unset slot
-        let find =
-            |list: &[&str]| -> Option<u32> { list.iter().filter_map(|text| index.get(text)).min() };
+        let find = |list: &[&str]| -> Option<u32> { list.iter().filter_map(|text| index.get(text)).min() };
         let force_control = |id: Option<u32>, attrs: &mut Vec<u16>| {
             if let Some(id) = id {
                 attrs[id as usize] |= attr::CONTROL;
@@ -231,14 +199,10 @@ impl Vocab {
         }
         eog.extend([eos, eot, eom].into_iter().flatten());
         // harmony-style vocabularies: "<|end|>" is not the end when "<|return|>"/"<|call|>" exist
-        let eog_has = |eog: &BTreeSet<u32>, text: &str| {
-            eog.iter().find(|&&id| tokens[id as usize] == text).copied()
-        };
+        let eog_has = |eog: &BTreeSet<u32>, text: &str| eog.iter().find(|&&id| tokens[id as usize] == text).copied();
         if let Some(end) = eog_has(&eog, "<|end|>") {
-            let harmony =
-                eog_has(&eog, "<|return|>").is_some() && eog_has(&eog, "<|call|>").is_some();
-            let solar =
-                eog_has(&eog, "<|calls|>").is_some() && eog_has(&eog, "<|flush|>").is_some();
+            let harmony = eog_has(&eog, "<|return|>").is_some() && eog_has(&eog, "<|call|>").is_some();
+            let solar = eog_has(&eog, "<|calls|>").is_some() && eog_has(&eog, "<|flush|>").is_some();
             if harmony || solar {
                 eog.remove(&end);
                 attrs[end as usize] = attr::USER_DEFINED;
@@ -302,10 +266,7 @@ fn write_piece(text: &str, attrs: u16, kind: &Kind, out: &mut Vec<u8>) {
         }
         Kind::ScoreBpe if attrs & attr::BYTE != 0 => {
             // "<0xXX>"
-            out.extend(
-                text.get(3..5)
-                    .and_then(|hex| u8::from_str_radix(hex, 16).ok()),
-            );
+            out.extend(text.get(3..5).and_then(|hex| u8::from_str_radix(hex, 16).ok()));
         }
         Kind::BytePair { .. } if attrs & attr::NORMAL != 0 => {
             for c in text.chars() {

@@ -26,9 +26,7 @@ fn reference_dir() -> PathBuf {
 }
 
 fn models_dir() -> PathBuf {
-    std::env::var_os("SPECEE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("models"))
+    std::env::var_os("SPECEE_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("models"))
 }
 
 fn reference_file(name: &str) -> PathBuf {
@@ -48,8 +46,7 @@ fn load_tokenizer(path: &Path) -> Tokenizer {
          before testing, or point SPECEE_MODELS_DIR at the models",
         path.display()
     );
-    let file =
-        gguf::GgufFile::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    let file = gguf::GgufFile::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
     Tokenizer::from_gguf(&file).unwrap_or_else(|e| panic!("tokenizer of {}: {e}", path.display()))
 }
 
@@ -60,10 +57,7 @@ fn load_model(name: &str) -> Tokenizer {
 fn read_jsonl(name: &str) -> Vec<Value> {
     let path = reference_file(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("valid JSON line"))
-        .collect()
+    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).expect("valid JSON line")).collect()
 }
 
 fn read_json(name: &str) -> Value {
@@ -72,12 +66,7 @@ fn read_json(name: &str) -> Value {
 }
 
 fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .expect("id array")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
+    value.as_array().expect("id array").iter().map(|v| v.as_u64().expect("id") as u32).collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -85,10 +74,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
-        .collect()
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex")).collect()
 }
 
 /// Checks all 30 strings; reports every mismatch at once.
@@ -105,37 +91,23 @@ fn check_tokenize_reference(model: &str, reference: &str) {
         let expected_special = ids(&line["ids_add_special_parse_special"]);
         let got_special = tokenizer.encode(text, true, true);
         if got_special != expected_special {
-            failures.push(format!("{text:?} (add_special, parse_special):\n  want {expected_special:?}\n  got  {got_special:?}"));
+            failures.push(format!(
+                "{text:?} (add_special, parse_special):\n  want {expected_special:?}\n  got  {got_special:?}"
+            ));
         }
         let expected_plain = ids(&line["ids_plain"]);
         let got_plain = tokenizer.encode(text, false, false);
         if got_plain != expected_plain {
-            failures.push(format!(
-                "{text:?} (plain):\n  want {expected_plain:?}\n  got  {got_plain:?}"
-            ));
+            failures.push(format!("{text:?} (plain):\n  want {expected_plain:?}\n  got  {got_plain:?}"));
         }
-        let expected_pieces: Vec<&str> = line["pieces_hex"]
-            .as_array()
-            .expect("pieces")
-            .iter()
-            .map(|p| p.as_str().expect("hex"))
-            .collect();
-        let got_pieces: Vec<String> = expected_special
-            .iter()
-            .map(|&id| hex(tokenizer.token_bytes(id)))
-            .collect();
+        let expected_pieces: Vec<&str> =
+            line["pieces_hex"].as_array().expect("pieces").iter().map(|p| p.as_str().expect("hex")).collect();
+        let got_pieces: Vec<String> = expected_special.iter().map(|&id| hex(tokenizer.token_bytes(id))).collect();
         if got_pieces != expected_pieces {
-            failures.push(format!(
-                "{text:?} (pieces):\n  want {expected_pieces:?}\n  got  {got_pieces:?}"
-            ));
+            failures.push(format!("{text:?} (pieces):\n  want {expected_pieces:?}\n  got  {got_pieces:?}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{model}: {} mismatches\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{model}: {} mismatches\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -153,22 +125,11 @@ fn check_greedy_reference(tokenizer: &Tokenizer, reference: &str) -> usize {
     let lines = read_jsonl(reference);
     for line in &lines {
         let prompt = line["prompt"].as_str().expect("prompt");
-        assert_eq!(
-            tokenizer.encode(prompt, true, true),
-            ids(&line["prompt_ids"]),
-            "{reference}: prompt {prompt:?}"
-        );
+        assert_eq!(tokenizer.encode(prompt, true, true), ids(&line["prompt_ids"]), "{reference}: prompt {prompt:?}");
         let greedy = ids(&line["greedy_ids"]);
-        let bytes: Vec<u8> = greedy
-            .iter()
-            .flat_map(|&id| tokenizer.token_bytes(id).to_vec())
-            .collect();
+        let bytes: Vec<u8> = greedy.iter().flat_map(|&id| tokenizer.token_bytes(id).to_vec()).collect();
         let expected = unhex(line["greedy_text_hex"].as_str().expect("hex"));
-        assert_eq!(
-            hex(&bytes),
-            hex(&expected),
-            "{reference}: generated text of {prompt:?}"
-        );
+        assert_eq!(hex(&bytes), hex(&expected), "{reference}: generated text of {prompt:?}");
         // streaming gives the same text, in whole characters only
         let mut decoder = StreamDecoder::new();
         let mut streamed = String::new();
@@ -176,15 +137,8 @@ fn check_greedy_reference(tokenizer: &Tokenizer, reference: &str) -> usize {
             streamed.push_str(&decoder.push(tokenizer, id));
         }
         streamed.push_str(&decoder.flush());
-        assert_eq!(
-            streamed,
-            String::from_utf8_lossy(&expected),
-            "{reference}: streamed {prompt:?}"
-        );
-        assert_eq!(
-            tokenizer.decode(&greedy),
-            String::from_utf8_lossy(&expected)
-        );
+        assert_eq!(streamed, String::from_utf8_lossy(&expected), "{reference}: streamed {prompt:?}");
+        assert_eq!(tokenizer.decode(&greedy), String::from_utf8_lossy(&expected));
     }
     lines.len()
 }
@@ -195,30 +149,16 @@ fn greedy_reference_prompts_and_texts() {
     let smollm2 = load_model(SMOLLM2);
     let gemma3 = load_model(GEMMA3);
     let raw = prompts["raw"].as_array().expect("raw prompts").len();
-    let chat = prompts["chat_smollm2"]
-        .as_array()
-        .expect("chat prompts")
-        .len();
-    assert_eq!(
-        check_greedy_reference(&smollm2, "smollm2.greedy_raw.jsonl"),
-        raw
-    );
-    assert_eq!(
-        check_greedy_reference(&smollm2, "smollm2.greedy_chat.jsonl"),
-        chat
-    );
-    assert_eq!(
-        check_greedy_reference(&gemma3, "gemma3.greedy_raw.jsonl"),
-        raw
-    );
+    let chat = prompts["chat_smollm2"].as_array().expect("chat prompts").len();
+    assert_eq!(check_greedy_reference(&smollm2, "smollm2.greedy_raw.jsonl"), raw);
+    assert_eq!(check_greedy_reference(&smollm2, "smollm2.greedy_chat.jsonl"), chat);
+    assert_eq!(check_greedy_reference(&gemma3, "gemma3.greedy_raw.jsonl"), raw);
 }
 
 #[test]
 fn smollm2_chat_template_renders_the_reference_prompts() {
     let tokenizer = load_model(SMOLLM2);
-    let template = tokenizer
-        .chat_template()
-        .expect("SmolLM2 has a chat template");
+    let template = tokenizer.chat_template().expect("SmolLM2 has a chat template");
     let prompts = read_json("generate-prompts.json");
     for rendered in prompts["chat_smollm2"].as_array().expect("chat prompts") {
         let rendered = rendered.as_str().expect("string");
@@ -229,44 +169,28 @@ fn smollm2_chat_template_renders_the_reference_prompts() {
             .and_then(|rest| rest.split("<|im_end|>").next())
             .expect("a user turn");
         let messages = [Message::new("user", content)];
-        let out =
-            chat::render(template, &messages, true, "<|im_start|>", "<|im_end|>").expect("renders");
+        let out = chat::render(template, &messages, true, "<|im_start|>", "<|im_end|>").expect("renders");
         assert_eq!(out, rendered);
-        assert_eq!(
-            tokenizer.render_chat(&messages, true).expect("renders"),
-            rendered
-        );
+        assert_eq!(tokenizer.render_chat(&messages, true).expect("renders"), rendered);
     }
     let gemma3 = load_model(GEMMA3);
     assert_eq!(gemma3.chat_template(), None);
-    assert!(matches!(
-        gemma3.render_chat(&[], true),
-        Err(tokenizer::TokenizerError::NoTemplate)
-    ));
+    assert!(matches!(gemma3.render_chat(&[], true), Err(tokenizer::TokenizerError::NoTemplate)));
 }
 
 #[test]
 fn special_ids_and_end_of_generation() {
     let smollm2 = load_model(SMOLLM2);
     assert_eq!(smollm2.vocab_size(), 49152);
-    assert_eq!(
-        (smollm2.bos(), smollm2.eos(), smollm2.add_bos()),
-        (Some(1), Some(2), false)
-    );
+    assert_eq!((smollm2.bos(), smollm2.eos(), smollm2.add_bos()), (Some(1), Some(2), false));
     assert_eq!(smollm2.token_id("<|im_end|>"), Some(2));
-    assert!(
-        smollm2.is_eog(2) && smollm2.is_eog(0),
-        "<|im_end|> and <|endoftext|> end generation"
-    );
+    assert!(smollm2.is_eog(2) && smollm2.is_eog(0), "<|im_end|> and <|endoftext|> end generation");
     assert!(!smollm2.is_eog(1));
     assert!(smollm2.is_special(1) && !smollm2.is_special(19556));
 
     let gemma3 = load_model(GEMMA3);
     assert_eq!(gemma3.vocab_size(), 262144);
-    assert_eq!(
-        (gemma3.bos(), gemma3.eos(), gemma3.add_bos()),
-        (Some(2), Some(1), true)
-    );
+    assert_eq!((gemma3.bos(), gemma3.eos(), gemma3.add_bos()), (Some(2), Some(1), true));
     let end_of_turn = gemma3.token_id("<end_of_turn>").expect("<end_of_turn>");
     assert!(gemma3.is_eog(1) && gemma3.is_eog(end_of_turn));
     assert!(!gemma3.is_eog(2));
@@ -281,18 +205,10 @@ fn synthetic_models_use_smollm2_tokenizer() {
         let tokenizer = load_tokenizer(&dir.join(format!("{name}.gguf")));
         assert_eq!(tokenizer.vocab_size(), smollm2.vocab_size(), "{name}");
         let text = "Hello, world! 12345 <|im_start|>user\n";
-        assert_eq!(
-            tokenizer.encode(text, true, true),
-            smollm2.encode(text, true, true),
-            "{name}"
-        );
+        assert_eq!(tokenizer.encode(text, true, true), smollm2.encode(text, true, true), "{name}");
         for line in read_jsonl(&format!("synthetic/{name}.greedy_raw.jsonl")) {
             let prompt = line["prompt"].as_str().expect("prompt");
-            assert_eq!(
-                tokenizer.encode(prompt, true, true),
-                ids(&line["prompt_ids"]),
-                "{name}: {prompt:?}"
-            );
+            assert_eq!(tokenizer.encode(prompt, true, true), ids(&line["prompt_ids"]), "{name}: {prompt:?}");
         }
     }
 }
@@ -318,18 +234,9 @@ fn speed_of_loading_and_encoding() {
         text.len() / 1000
     );
     // generous bounds (shared CI machine): the targets are 0.5 s and well under 1 s
-    assert!(
-        gemma_load.as_secs_f64() < 2.0,
-        "building the Gemma 3 tokenizer took {gemma_load:?}"
-    );
-    assert!(
-        smollm2_encode.as_secs_f64() < 2.0,
-        "SmolLM2 encode took {smollm2_encode:?}"
-    );
-    assert!(
-        gemma3_encode.as_secs_f64() < 2.0,
-        "Gemma 3 encode took {gemma3_encode:?}"
-    );
+    assert!(gemma_load.as_secs_f64() < 2.0, "building the Gemma 3 tokenizer took {gemma_load:?}");
+    assert!(smollm2_encode.as_secs_f64() < 2.0, "SmolLM2 encode took {smollm2_encode:?}");
+    assert!(gemma3_encode.as_secs_f64() < 2.0, "Gemma 3 encode took {gemma3_encode:?}");
     // round trip: the pieces give back the text
     assert_eq!(smollm2.decode(&smollm2.encode(&text, false, false)), text);
     assert_eq!(gemma3.decode(&gemma3.encode(&text, false, false)), text);

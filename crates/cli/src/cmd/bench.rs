@@ -84,13 +84,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "runs": r.runs.iter().map(|x| json!({"prompt_tokens_per_s": x.prompt_tokens_per_s, "decode_tokens_per_s": x.decode_tokens_per_s})).collect::<Vec<_>>(),
     });
     if !r.curve.is_empty() {
-        out["batch_curve"] = r.curve.iter().map(|c| json!({"rows": c.rows, "ms": c.ms, "relative": c.relative})).collect();
+        out["batch_curve"] =
+            r.curve.iter().map(|c| json!({"rows": c.rows, "ms": c.ms, "relative": c.relative})).collect();
     }
     if a.llama_cpp {
         let prompt = bench_tokens(&eng, a.prompt.max(1));
         let decode = bench_tokens(&eng, a.gen.max(1) + 1);
         let l = llama_cpp(&path.display().to_string(), threads, p.repetitions, &prompt, &decode)?;
-        let as_vec = |k: &str| l[k].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect::<Vec<_>>()).unwrap_or_default();
+        let as_vec = |k: &str| {
+            l[k].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect::<Vec<_>>()).unwrap_or_default()
+        };
         let (lpp, ltg) = (as_vec("prompt_tokens_per_s"), as_vec("decode_tokens_per_s"));
         out["llama_cpp"] = json!({ "prompt_tokens_per_s": median(&lpp), "decode_tokens_per_s": median(&ltg), "prompt": stats(&lpp), "decode": stats(&ltg), "version": l["version"] });
         out["ratio"] = json!({ "prompt": median(&pp) / median(&lpp), "decode": median(&tg) / median(&ltg) });
@@ -99,19 +102,40 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{out}");
         return Ok(());
     }
-    let s = |v: &Value| format!("{:8.1} ({:.1}–{:.1})", v["median"].as_f64().unwrap_or(0.0), v["min"].as_f64().unwrap_or(0.0), v["max"].as_f64().unwrap_or(0.0));
+    let s = |v: &Value| {
+        format!(
+            "{:8.1} ({:.1}–{:.1})",
+            v["median"].as_f64().unwrap_or(0.0),
+            v["min"].as_f64().unwrap_or(0.0),
+            v["max"].as_f64().unwrap_or(0.0)
+        )
+    };
     println!("| engine | threads | pp{} tok/s (min–max) | tg{} tok/s (min–max) |", a.prompt, a.gen);
     println!("| --- | --- | --- | --- |");
-    println!("| specee ({}) | {threads} | {} | {} |", out["isa"].as_str().unwrap_or("?"), s(&out["prompt"]), s(&out["decode"]));
+    println!(
+        "| specee ({}) | {threads} | {} | {} |",
+        out["isa"].as_str().unwrap_or("?"),
+        s(&out["prompt"]),
+        s(&out["decode"])
+    );
     if let Some(l) = out.get("llama_cpp") {
         println!("| llama.cpp | {threads} | {} | {} |", s(&l["prompt"]), s(&l["decode"]));
-        println!("\nratio specee / llama.cpp: prompt {:.2}×, decode {:.2}×", out["ratio"]["prompt"].as_f64().unwrap_or(0.0), out["ratio"]["decode"].as_f64().unwrap_or(0.0));
+        println!(
+            "\nratio specee / llama.cpp: prompt {:.2}×, decode {:.2}×",
+            out["ratio"]["prompt"].as_f64().unwrap_or(0.0),
+            out["ratio"]["decode"].as_f64().unwrap_or(0.0)
+        );
     }
     if let Some(curve) = out.get("batch_curve").and_then(|c| c.as_array()) {
         println!("\n| rows k | ms per forward (logits for all k) | time vs k=1 |");
         println!("| --- | --- | --- |");
         for c in curve {
-            println!("| {} | {:.2} | {:.2}× |", c["rows"], c["ms"].as_f64().unwrap_or(0.0), c["relative"].as_f64().unwrap_or(0.0));
+            println!(
+                "| {} | {:.2} | {:.2}× |",
+                c["rows"],
+                c["ms"].as_f64().unwrap_or(0.0),
+                c["relative"].as_f64().unwrap_or(0.0)
+            );
         }
     }
     Ok(())

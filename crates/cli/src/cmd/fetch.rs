@@ -12,7 +12,8 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let models = match a.which.as_str() {
         "all" => vec![DefaultModel::SmolLM2, DefaultModel::Gemma3],
-        name => vec![DefaultModel::from_name(name).ok_or_else(|| anyhow::anyhow!("unknown model '{name}' (expected smollm2, gemma3 or all)"))?],
+        name => vec![DefaultModel::from_name(name)
+            .ok_or_else(|| anyhow::anyhow!("unknown model '{name}' (expected smollm2, gemma3 or all)"))?],
     };
     for m in models {
         let path = ensure_model(m, true)?;

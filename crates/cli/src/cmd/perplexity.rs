@@ -24,7 +24,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&a.file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.file.display()))?;
+    let text =
+        std::fs::read_to_string(&a.file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.file.display()))?;
     let eng = a.model.load()?;
     let quiet = a.json;
     let r = engine::perplexity::perplexity(&eng, &text, a.ctx, a.model.threads(), a.chunks, |done, total, running| {
