@@ -31,7 +31,7 @@ pub(crate) mod quantize;
 
 pub use dequant::dequantize_row;
 pub use gguf::GgmlType;
-pub use matmul::{matmul, matmul_rows, MatmulScratch, QMatrix};
+pub use matmul::{matmul, matmul_many, matmul_rows, MatmulScratch, QMatrix};
 pub use pool::{parallel_for, ThreadPool};
 
 /// Errors from building kernel inputs.

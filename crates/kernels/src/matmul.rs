@@ -83,7 +83,14 @@ unsafe impl Sync for OutPtr {}
 ///
 /// # Panics
 /// If `x` has fewer than `n_tokens * w.cols` or `out` fewer than `n_tokens * w.rows` elements.
-pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut MatmulScratch) {
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
     matmul_isa(Isa::current(), pool, w, x, n_tokens, out, scratch)
 }
 
@@ -111,28 +118,8 @@ pub(crate) fn matmul_isa(
     let acts = scratch.acts.view(kind, x, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let work = |row_range: std::ops::Range<usize>| {
-        let out_ptr = &out_ptr;
-        let mut tile = [0.0f32; ROW_CHUNK * TILE];
-        let mut r0 = row_range.start;
-        while r0 < row_range.end {
-            let r1 = (r0 + ROW_CHUNK).min(row_range.end);
-            let wr = &w.data[r0 * rb..r1 * rb];
-            let mut t0 = 0;
-            while t0 < n_tokens {
-                let nt = (n_tokens - t0).min(TILE);
-                let buf = &mut tile[..(r1 - r0) * nt];
-                kernel(wr, rb, &acts, t0, nt, buf);
-                for (i, r) in (r0..r1).enumerate() {
-                    for j in 0..nt {
-                        // SAFETY: r < rows and t0 + j < n_tokens, so the index is inside `out`
-                        // (checked above); rows are split disjointly between threads.
-                        unsafe { *out_ptr.0.add((t0 + j) * rows + r) = buf[i * nt + j] };
-                    }
-                }
-                t0 += nt;
-            }
-            r0 = r1;
-        }
+        // SAFETY: `out` holds n_tokens * rows elements (checked above); ranges are disjoint.
+        unsafe { rows_work(kernel, w, &acts, n_tokens, row_range, out_ptr) }
     };
     let tiles = n_tokens.div_ceil(TILE);
     let n = pool.n_threads();
@@ -146,11 +133,143 @@ pub(crate) fn matmul_isa(
     }
 }
 
+/// Rows `row_range` of `w` times the `n_tokens` quantized activation rows, written to
+/// `out[t * w.rows + r]`.
+///
+/// # Safety
+/// `out` must point at `n_tokens * w.rows` writable floats that no other thread writes at these rows.
+unsafe fn rows_work(
+    kernel: crate::kernel::RowKernel,
+    w: &QMatrix,
+    acts: &crate::quantize::Acts,
+    n_tokens: usize,
+    row_range: std::ops::Range<usize>,
+    out_ptr: OutPtr,
+) {
+    let (rows, rb) = (w.rows, w.row_bytes());
+    let mut tile = [0.0f32; ROW_CHUNK * TILE];
+    let mut r0 = row_range.start;
+    while r0 < row_range.end {
+        let r1 = (r0 + ROW_CHUNK).min(row_range.end);
+        let wr = &w.data[r0 * rb..r1 * rb];
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let nt = (n_tokens - t0).min(TILE);
+            let buf = &mut tile[..(r1 - r0) * nt];
+            kernel(wr, rb, acts, t0, nt, buf);
+            for (i, r) in (r0..r1).enumerate() {
+                for j in 0..nt {
+                    // SAFETY: r < rows and t0 + j < n_tokens (caller's contract).
+                    unsafe { *out_ptr.0.add((t0 + j) * rows + r) = buf[i * nt + j] };
+                }
+            }
+            t0 += nt;
+        }
+        r0 = r1;
+    }
+}
+
+/// Several products of the same activations: `outs[m] = mats[m] × x` for every `m` (each as [`matmul`]),
+/// with `x` quantized once and the union of all matrices' rows split across the pool in one parallel
+/// region (e.g. the q/k/v or gate/up projections of a layer). Results are bit-identical to separate
+/// [`matmul`] calls. Matrices of different types or widths fall back to separate calls.
+///
+/// # Panics
+/// As [`matmul`], for any pair.
+pub fn matmul_many(
+    pool: &ThreadPool,
+    mats: &mut [(&QMatrix, &mut [f32])],
+    x: &[f32],
+    n_tokens: usize,
+    scratch: &mut MatmulScratch,
+) {
+    matmul_many_isa(Isa::current(), pool, mats, x, n_tokens, scratch)
+}
+
+/// At most this many matrices per [`matmul_many`] call share one parallel region.
+const MANY_MAX: usize = 8;
+
+/// [`matmul_many`] on a given instruction-set level.
+pub(crate) fn matmul_many_isa(
+    isa: Isa,
+    pool: &ThreadPool,
+    mats: &mut [(&QMatrix, &mut [f32])],
+    x: &[f32],
+    n_tokens: usize,
+    scratch: &mut MatmulScratch,
+) {
+    let Some(first) = mats.first().map(|(w, _)| **w) else { return };
+    let (ty, cols) = (first.ty, first.cols);
+    if mats.len() == 1 || mats.len() > MANY_MAX || mats.iter().any(|(w, _)| w.ty != ty || w.cols != cols) {
+        for (w, out) in mats.iter_mut() {
+            matmul_isa(isa, pool, w, x, n_tokens, out, scratch);
+        }
+        return;
+    }
+    assert!(x.len() >= n_tokens * cols, "matmul_many: x has {} elements, need {n_tokens} x {cols}", x.len());
+    for (w, out) in mats.iter() {
+        assert!(
+            out.len() >= n_tokens * w.rows,
+            "matmul_many: out has {} elements, need {n_tokens} x {}",
+            out.len(),
+            w.rows
+        );
+    }
+    if n_tokens == 0 {
+        return;
+    }
+    let (Some(kind), Some(kernel)) = (act_kind(ty), row_kernel(isa, ty)) else {
+        panic!("matmul_many: unsupported type {} (QMatrix::new rejects it)", ty.name());
+    };
+    scratch.acts.reserve(kind, n_tokens, cols);
+    scratch.acts.quantize_tokens_parallel(pool, kind, x, cols, n_tokens);
+    let acts = scratch.acts.view(kind, x, cols);
+    let mut ws: [Option<(&QMatrix, OutPtr)>; MANY_MAX] = [None; MANY_MAX];
+    let mut total_rows = 0;
+    for (slot, (w, out)) in ws.iter_mut().zip(mats.iter_mut()) {
+        *slot = Some((*w, OutPtr(out.as_mut_ptr())));
+        total_rows += w.rows;
+    }
+    let ws = &ws[..mats.len()];
+    let tiles = n_tokens.div_ceil(TILE);
+    let n = pool.n_threads();
+    if n == 1 || total_rows * first.row_bytes() * tiles < SERIAL_BYTES {
+        for &(w, out_ptr) in ws.iter().flatten() {
+            // SAFETY: each output was checked to hold n_tokens * w.rows elements.
+            unsafe { rows_work(kernel, w, &acts, n_tokens, 0..w.rows, out_ptr) };
+        }
+        return;
+    }
+    // One chunk size for all matrices (whole ROW_CHUNKs), about CHUNKS_PER_THREAD chunks per thread
+    // over the union of rows; item i is the i-th chunk counting through the matrices in order.
+    let chunk = total_rows.div_ceil(n * CHUNKS_PER_THREAD).div_ceil(ROW_CHUNK) * ROW_CHUNK;
+    let n_items: usize = ws.iter().flatten().map(|(w, _)| w.rows.div_ceil(chunk)).sum();
+    pool.run_items(n_items, &|mut i| {
+        for &(w, out_ptr) in ws.iter().flatten() {
+            let c = w.rows.div_ceil(chunk);
+            if i < c {
+                let range = i * chunk..((i + 1) * chunk).min(w.rows);
+                // SAFETY: each output holds n_tokens * w.rows elements; chunks are disjoint.
+                unsafe { rows_work(kernel, w, &acts, n_tokens, range, out_ptr) };
+                return;
+            }
+            i -= c;
+        }
+    });
+}
+
 /// `out[i] = row(row_ids[i]) · x` for one activation row `x` (`w.cols` elements).
 ///
 /// # Panics
 /// If a row id is out of range, `x` is shorter than `w.cols` or `out` shorter than `row_ids`.
-pub fn matmul_rows(pool: &ThreadPool, w: &QMatrix, row_ids: &[u32], x: &[f32], out: &mut [f32], scratch: &mut MatmulScratch) {
+pub fn matmul_rows(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    row_ids: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
     matmul_rows_isa(Isa::current(), pool, w, row_ids, x, out, scratch)
 }
 

@@ -270,7 +270,7 @@ pub fn parallel_for(pool: &ThreadPool, n_items: usize, f: impl Fn(std::ops::Rang
 #[cfg(test)]
 mod tests {
     use super::*;
-    
+
     #[test]
     fn many_quick_runs_complete() {
         // 100k runs on two threads; fewer with one, and with three (more threads than CI's cores).

@@ -454,8 +454,14 @@ mod tests {
                     quantize_q8_row(&x, &mut qa, &mut da, &mut sa, q8_1);
                     quantize_q8_row_scalar(&x, &mut qb, &mut db, &mut sb, q8_1);
                     assert_eq!(qa, qb);
-                    assert_eq!(da.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), db.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
-                    assert_eq!(sa.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), sb.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    assert_eq!(
+                        da.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        db.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
+                    assert_eq!(
+                        sa.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        sb.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use crate::dequant::testutil::{random_weights, Rng};
 use crate::kernel::Isa;
-use crate::matmul::{matmul_isa, matmul_rows_isa};
+use crate::matmul::{matmul_isa, matmul_many_isa, matmul_rows_isa};
 use crate::quantize::{act_kind, ActBuffers, ActKind};
 use crate::*;
 
@@ -100,7 +100,10 @@ fn matmul_matches_reference_on_quantized_activations() {
                         "{ty} {isa:?} t={t} r={r}: {got} vs {exact} (bound {bound})"
                     );
                     // Against unquantized activations: within activation quantization error.
-                    assert!((got - loose).abs() <= 0.02 * bound + 1e-3, "{ty} {isa:?} t={t} r={r}: {got} vs f32 {loose}");
+                    assert!(
+                        (got - loose).abs() <= 0.02 * bound + 1e-3,
+                        "{ty} {isa:?} t={t} r={r}: {got} vs f32 {loose}"
+                    );
                 }
             }
         }
@@ -112,8 +115,7 @@ fn magnitude(wf: &[f32], x: &[f32], rows: usize, cols: usize, n_tokens: usize) -
     let mut m = vec![0.0; n_tokens * rows];
     for t in 0..n_tokens {
         for r in 0..rows {
-            m[t * rows + r] =
-                (0..cols).map(|c| (wf[r * cols + c] as f64 * x[t * cols + c] as f64).abs()).sum::<f64>();
+            m[t * rows + r] = (0..cols).map(|c| (wf[r * cols + c] as f64 * x[t * cols + c] as f64).abs()).sum::<f64>();
         }
     }
     m
@@ -241,6 +243,39 @@ fn matmul_rows_equals_matmul_and_threads_agree() {
                 matmul_rows_isa(isa, pool, &w, &ids, &x[..cols], &mut out, &mut scratch);
                 for (i, &id) in ids.iter().enumerate() {
                     assert_eq!(out[i], full[id as usize], "{ty} {isa:?} row {id}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_many_equals_separate_matmuls() {
+    let mut rng = Rng(7);
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    let mut scratch = MatmulScratch::default();
+    for ty in [GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16] {
+        let cols = 512;
+        let shapes = [576, 192, 37];
+        let datas: Vec<Vec<u8>> = shapes.iter().map(|&r| random_weights(ty, r, cols, &mut rng)).collect();
+        let ms: Vec<QMatrix> = datas.iter().zip(shapes).map(|(d, r)| QMatrix::new(ty, d, r, cols).unwrap()).collect();
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+            for n_tokens in [1, 3, 9] {
+                let x = random_x(n_tokens * cols, &mut rng);
+                let want: Vec<Vec<f32>> = ms
+                    .iter()
+                    .map(|m| {
+                        let mut out = vec![0.0; n_tokens * m.rows];
+                        matmul_isa(isa, &pools[0], m, &x, n_tokens, &mut out, &mut scratch);
+                        out
+                    })
+                    .collect();
+                for pool in &pools {
+                    let mut outs: Vec<Vec<f32>> = ms.iter().map(|m| vec![f32::NAN; n_tokens * m.rows]).collect();
+                    let mut pairs: Vec<(&QMatrix, &mut [f32])> =
+                        ms.iter().zip(outs.iter_mut()).map(|(m, o)| (m, &mut o[..])).collect();
+                    matmul_many_isa(isa, pool, &mut pairs, &x, n_tokens, &mut scratch);
+                    assert_eq!(outs, want, "{ty} {isa:?} n={n_tokens} threads={}", pool.n_threads());
                 }
             }
         }

@@ -13,7 +13,10 @@ fn main() {
     let mut logits = m.forward(&prompt, &mut kv, &mut ws, &mut h, Logits::Last).unwrap().to_vec();
     for step in 0..4 {
         let refs = rec["top10_per_step"][step].as_array().unwrap();
-        let diffs: Vec<String> = refs.iter().map(|p| format!("{:+.3}", logits[p[0].as_u64().unwrap() as usize] - p[1].as_f64().unwrap() as f32)).collect();
+        let diffs: Vec<String> = refs
+            .iter()
+            .map(|p| format!("{:+.3}", logits[p[0].as_u64().unwrap() as usize] - p[1].as_f64().unwrap() as f32))
+            .collect();
         println!("step {step}: {}", diffs.join(" "));
         logits = m.forward(&[greedy[step]], &mut kv, &mut ws, &mut h, Logits::Last).unwrap().to_vec();
     }

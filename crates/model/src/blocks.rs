@@ -94,7 +94,7 @@ pub fn gelu_tanh(x: f32) -> f32 {
 }
 
 /// Dot product of two equal-length slices.
-#[inline]
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight accumulators let the compiler vectorise without reassociation flags.
     let mut acc = [0f32; 8];
@@ -112,7 +112,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += a * x`.
-#[inline]
+#[inline(always)]
 pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (yv, &xv) in y.iter_mut().zip(x) {
         *yv += a * xv;
@@ -121,14 +121,14 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 
 /// `x` rounded to the nearest f16 value (11 significant bits), kept as f32. Exact for the normal f16 range;
 /// f16 subnormals and overflow are not modelled. Branch-free (Veltkamp split) so loops over it vectorise.
-#[inline]
+#[inline(always)]
 pub fn round_f16(x: f32) -> f32 {
     let c = x * 8193.0; // 2^13 + 1: keeps 24 - 13 = 11 significant bits
     c - (c - x)
 }
 
 /// `y = f16(y * a)` element-wise, `y` holding f16 values (ggml's `ggml_vec_scale_f16`).
-#[inline]
+#[inline(always)]
 pub fn scale_f16(a: f32, y: &mut [f32]) {
     for v in y.iter_mut() {
         *v = round_f16(*v * a);
@@ -137,7 +137,7 @@ pub fn scale_f16(a: f32, y: &mut [f32]) {
 
 /// `y = f16(y + a * x)` element-wise with one f32 rounding of the fused multiply-add, `y` holding f16 values
 /// (ggml's `ggml_vec_mad_f16`: an f16 accumulator). The product of two f32 is exact in f64.
-#[inline]
+#[inline(always)]
 pub fn axpy_f16(a: f32, x: &[f32], y: &mut [f32]) {
     for (yv, &xv) in y.iter_mut().zip(x) {
         *yv = round_f16((a as f64 * xv as f64 + *yv as f64) as f32);

@@ -70,7 +70,11 @@ impl<'a> TensorLoader<'a> {
     pub fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, ModelError> {
         let info = self.info(name)?;
         if info.dims != [cols, rows] {
-            return Err(ModelError::BadShape { name: name.into(), expected: vec![cols, rows], found: info.dims.clone() });
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                expected: vec![cols, rows],
+                found: info.dims.clone(),
+            });
         }
         if !kernels::is_supported(info.ty) {
             return Err(ModelError::UnsupportedTensorType { name: name.into(), ty: info.ty.name() });

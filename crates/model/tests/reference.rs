@@ -23,7 +23,9 @@ fn workspace_root() -> PathBuf {
 }
 
 fn reference_dir() -> PathBuf {
-    std::env::var_os("SPECEE_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("../shared/reference"))
+    std::env::var_os("SPECEE_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/reference"))
 }
 
 fn models_dir() -> PathBuf {
@@ -67,7 +69,8 @@ fn check(model: &Model, file: &str, tol: &Tol) -> Report {
     let text = std::fs::read_to_string(reference_dir().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
     let mut ws = Workspace::new(2);
     let mut hidden = Vec::new();
-    let mut report = Report { max_logit_err: 0.0, max_shifted_err: 0.0, sum_err: 0.0, n_err: 0, steps: 0, id_checks: 0 };
+    let mut report =
+        Report { max_logit_err: 0.0, max_shifted_err: 0.0, sum_err: 0.0, n_err: 0, steps: 0, id_checks: 0 };
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let rec: Value = serde_json::from_str(line).unwrap();
         let ids = |k: &str| rec[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
@@ -107,7 +110,11 @@ fn check(model: &Model, file: &str, tol: &Tol) -> Report {
                 ids_still_checked = false;
             }
             if ids_still_checked {
-                let ours = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
+                let ours = logits
+                    .iter()
+                    .enumerate()
+                    .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                    .0;
                 assert_eq!(ours as u32, want, "{file} prompt {:?} step {step}: greedy token differs", rec["prompt"]);
                 report.id_checks += 1;
             }

@@ -126,7 +126,8 @@ unsafe fn pairs<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
                 );
                 _mm_cvtph_ps(v)
             } else {
-                let v = (pa as *const u16).read_unaligned() as u32 | (((pb as *const u16).read_unaligned() as u32) << 16);
+                let v =
+                    (pa as *const u16).read_unaligned() as u32 | (((pb as *const u16).read_unaligned() as u32) << 16);
                 _mm_cvtph_ps(_mm_cvtsi32_si128(v as i32))
             };
             let kk = k - seg_start;
@@ -135,7 +136,11 @@ unsafe fn pairs<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
             } else {
                 _mm_storel_epi64(coef.as_mut_ptr().add(2 * kk) as *mut __m128i, _mm_castps_si128(dm));
             }
-            let idx = if has_min { _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2) } else { _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) };
+            let idx = if has_min {
+                _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)
+            } else {
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)
+            };
             let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dm), idx);
             let q = _mm256_loadu2_m128i(pb.add(qs_at) as *const __m128i, pa.add(qs_at) as *const __m128i);
             let mut lo = _mm256_and_si256(q, low4);
@@ -273,7 +278,8 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
             let wu = _mm256_sign_epi8(wv, wv);
             for (j, acc) in acc.iter_mut().enumerate() {
                 let t = t0 + j;
-                let y = _mm256_sign_epi8(_mm256_loadu_si256(a.qs.as_ptr().add(t * cols + b * 32) as *const __m256i), wv);
+                let y =
+                    _mm256_sign_epi8(_mm256_loadu_si256(a.qs.as_ptr().add(t * cols + b * 32) as *const __m256i), wv);
                 let dp = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones);
                 let dy = _mm256_set1_ps(a.d[t * nb + b]);
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_mul_ps(dx, dy), *acc);
@@ -416,8 +422,10 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
                     let sixteen = _mm256_set1_epi8(16);
                     let bl = _mm256_set1_epi8(1 << (2 * k));
                     let bh = _mm256_set1_epi8((2 << (2 * k)) as u8 as i8);
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), sixteen));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen));
+                    lo =
+                        _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bl), bl), sixteen));
+                    hi =
+                        _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bh), bh), sixteen));
                 }
                 wq[2 * k] = lo;
                 wq[2 * k + 1] = hi;
@@ -477,10 +485,8 @@ unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
                 wq[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4), h3);
                 for k in 0..4 {
                     let g = 8 * n + 2 * k;
-                    scv[4 * n + k] = _mm256_set_m128i(
-                        _mm_set1_epi16(sc_bytes[g + 1] as i16),
-                        _mm_set1_epi16(sc_bytes[g] as i16),
-                    );
+                    scv[4 * n + k] =
+                        _mm256_set_m128i(_mm_set1_epi16(sc_bytes[g + 1] as i16), _mm_set1_epi16(sc_bytes[g] as i16));
                 }
             }
             for (j, acc) in acc.iter_mut().enumerate() {
@@ -520,7 +526,7 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
                 0 => _mm256_loadu_ps(p.add(c * 4) as *const f32),
                 1 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(c * 2) as *const __m128i)),
                 _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-                    p.add(c * 2) as *const __m128i,
+                    p.add(c * 2) as *const __m128i
                 )))),
             };
             for (j, acc) in acc.iter_mut().enumerate() {

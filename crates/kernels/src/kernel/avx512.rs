@@ -14,8 +14,8 @@
 //! Every kernel is generic over the tile size `N` (activation rows, 1..=8) so accumulators stay in
 //! registers; the per-token arithmetic does not depend on `N`, so results are identical for any tiling.
 
-use crate::blocks::k4_scales_mins;
 use super::{tile, RowKernel};
+use crate::blocks::k4_scales_mins;
 use crate::quantize::Acts;
 use gguf::GgmlType;
 use std::arch::x86_64::*;
@@ -45,7 +45,6 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<RowKernel> {
         _ => return None,
     })
 }
-
 
 const fn block_bytes(k: u8) -> usize {
     match k {
@@ -205,8 +204,9 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
     debug_assert!(a.qs.len() >= (t0 + N) * cols && a.bsums.len() >= (t0 + N) * nb * 16);
     let low4 = _mm512_set1_epi8(0x0F);
     // vpermw indices: chunk k takes scale 2k for its first 16 i16 lanes and 2k+1 for the last 16.
-    let idx: [__m512i; 4] =
-        core::array::from_fn(|k| _mm512_mask_set1_epi16(_mm512_set1_epi16(2 * k as i16), 0xFFFF_0000, 2 * k as i16 + 1));
+    let idx: [__m512i; 4] = core::array::from_fn(|k| {
+        _mm512_mask_set1_epi16(_mm512_set1_epi16(2 * k as i16), 0xFFFF_0000, 2 * k as i16 + 1)
+    });
     let min_idx = _mm256_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     for (r, row) in w.chunks_exact(rb).enumerate() {
         let mut acc = [_mm512_setzero_ps(); N];
@@ -218,8 +218,15 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
             let dmin = _mm_cvtss_f32(_mm_shuffle_ps::<0b01>(dm, dm));
             let (sc, mn) = k4_scales_mins(&blk[4..16]);
             let sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-            let mn16 = _mm256_permutexvar_epi16(min_idx, _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64))));
-            let qh = if FIVE { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16) as *const __m256i)) } else { _mm512_setzero_si512() };
+            let mn16 = _mm256_permutexvar_epi16(
+                min_idx,
+                _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64))),
+            );
+            let qh = if FIVE {
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(16) as *const __m256i))
+            } else {
+                _mm512_setzero_si512()
+            };
             let mut wq = [_mm512_setzero_si512(); 4];
             let mut scv = [_mm512_setzero_si512(); 4];
             for k in 0..4 {
@@ -228,7 +235,8 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
                 let z = _mm512_mask_srli_epi16::<4>(z, 0xFFFF_0000, z);
                 let mut v = _mm512_and_si512(z, low4);
                 if FIVE {
-                    let bits = _mm512_mask_set1_epi8(_mm512_set1_epi8(1 << (2 * k)), 0xFFFF_FFFF_0000_0000, 2 << (2 * k));
+                    let bits =
+                        _mm512_mask_set1_epi8(_mm512_set1_epi8(1 << (2 * k)), 0xFFFF_FFFF_0000_0000, 2 << (2 * k));
                     let high = _mm512_test_epi8_mask(qh, bits);
                     v = _mm512_mask_add_epi8(v, high, v, _mm512_set1_epi8(16));
                 }
@@ -267,8 +275,38 @@ unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     let idx: [__m512i; 4] = core::array::from_fn(|c| {
         let c = 4 * c as i16;
         _mm512_set_epi16(
-            c + 3, c + 3, c + 3, c + 3, c + 3, c + 3, c + 3, c + 3, c + 2, c + 2, c + 2, c + 2, c + 2, c + 2, c + 2, c + 2,
-            c + 1, c + 1, c + 1, c + 1, c + 1, c + 1, c + 1, c + 1, c, c, c, c, c, c, c, c,
+            c + 3,
+            c + 3,
+            c + 3,
+            c + 3,
+            c + 3,
+            c + 3,
+            c + 3,
+            c + 3,
+            c + 2,
+            c + 2,
+            c + 2,
+            c + 2,
+            c + 2,
+            c + 2,
+            c + 2,
+            c + 2,
+            c + 1,
+            c + 1,
+            c + 1,
+            c + 1,
+            c + 1,
+            c + 1,
+            c + 1,
+            c + 1,
+            c,
+            c,
+            c,
+            c,
+            c,
+            c,
+            c,
+            c,
         )
     });
     // qh shifts: part a takes bit pairs 0 and 2 (first / second 32 elements), part b pairs 4 and 6.
@@ -288,7 +326,8 @@ unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
                 let ha = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_a), low2);
                 let hb = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_b), low2);
                 wq[2 * n] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi16::<4>(ha));
-                wq[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4), _mm512_slli_epi16::<4>(hb));
+                wq[2 * n + 1] =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), low4), _mm512_slli_epi16::<4>(hb));
             }
             for c in 0..4 {
                 scv[c] = _mm512_permutexvar_epi16(idx[c], _mm512_castsi256_si512(sc16));

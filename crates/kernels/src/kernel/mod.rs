@@ -6,11 +6,11 @@
 //! best available one). Each ISA module offers kernels for the types it accelerates; the rest use
 //! [`scalar`].
 
-pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub(crate) mod scalar;
 
 use crate::quantize::Acts;
 use gguf::GgmlType;
@@ -63,7 +63,9 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 Isa::Avx2.available()
@@ -80,10 +82,8 @@ impl Isa {
     /// The best level available (and passing [`self_check`]), or the one named by `SPECEE_KERNEL` if
     /// the CPU has it.
     fn detect() -> Isa {
-        let best = [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .find(|isa| isa.available() && self_check(*isa))
-            .unwrap_or(Isa::Scalar);
+        let best =
+            [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.available() && self_check(*isa)).unwrap_or(Isa::Scalar);
         match std::env::var("SPECEE_KERNEL").ok().as_deref() {
             Some("scalar") => Isa::Scalar,
             Some("avx2") if Isa::Avx2.available() => Isa::Avx2,

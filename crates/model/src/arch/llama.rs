@@ -12,7 +12,13 @@ pub fn config(file: &GgufFile, arch: Arch) -> Result<Config, ModelError> {
     let prefix = match arch {
         Arch::Qwen2 => "qwen2",
         Arch::Qwen3 => "qwen3",
-        _ => if file.architecture()? == "mistral" { "mistral" } else { "llama" },
+        _ => {
+            if file.architecture()? == "mistral" {
+                "mistral"
+            } else {
+                "llama"
+            }
+        }
     };
     let m = Meta { file, prefix };
     let n_embd = m.usize("embedding_length")?;

@@ -120,10 +120,16 @@ pub fn load_weights(file: &GgufFile, c: &Config) -> Result<Weights, ModelError> 
 
 /// The vocabulary size as given by the embedding matrix.
 pub(crate) fn token_rows(file: &GgufFile) -> Result<usize, ModelError> {
-    let info = file.tensor("token_embd.weight").ok_or_else(|| ModelError::MissingTensor { name: "token_embd.weight".into() })?;
+    let info = file
+        .tensor("token_embd.weight")
+        .ok_or_else(|| ModelError::MissingTensor { name: "token_embd.weight".into() })?;
     match info.dims.as_slice() {
         [_, rows] => Ok(*rows),
-        _ => Err(ModelError::BadShape { name: "token_embd.weight".into(), expected: vec![0, 0], found: info.dims.clone() }),
+        _ => Err(ModelError::BadShape {
+            name: "token_embd.weight".into(),
+            expected: vec![0, 0],
+            found: info.dims.clone(),
+        }),
     }
 }
 
