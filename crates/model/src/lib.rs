@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod kv_cache;
 mod model;
+pub mod testing;
 pub mod weights;
 mod workspace;
 
