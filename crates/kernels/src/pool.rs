@@ -27,18 +27,23 @@ const SPIN_FOR: Duration = Duration::from_micros(300);
 /// How long the caller spins waiting for workers before yielding (a worker may be descheduled).
 const WAIT_SPIN_FOR: Duration = Duration::from_micros(50);
 const YIELD_FOR: Duration = Duration::from_millis(3);
-/// Low bits of `state` hold the next unclaimed item, high bits the job generation.
-const ITEM_BITS: u32 = 24;
-const ITEM_MASK: u64 = (1 << ITEM_BITS) - 1;
+/// `state` packs `generation << GEN_SHIFT | n_items << COUNT_SHIFT | next unclaimed item`.
+const GEN_SHIFT: u32 = 32;
+const COUNT_SHIFT: u32 = 16;
+const FIELD_MASK: u64 = (1 << COUNT_SHIFT) - 1;
+/// Most items one job may have (the count and the next item share the low 32 bits of `state`).
+pub const MAX_ITEMS: usize = FIELD_MASK as usize;
 
 struct Shared {
-    /// `generation << ITEM_BITS | next unclaimed item`. A job is published by storing a new generation
-    /// with item 0; items are claimed by compare-exchange, so a thread that arrives late (descheduled,
-    /// parked) finds nothing left and never touches a finished job: the caller waits only for items
-    /// that were actually claimed, and does the unclaimed ones itself.
+    /// `generation << GEN_SHIFT | n_items << COUNT_SHIFT | next unclaimed item`. A job is published by
+    /// storing a new generation with its item count and item 0; items are claimed by compare-exchange,
+    /// so a thread that arrives late (descheduled, parked) finds nothing left and never touches a
+    /// finished job: the caller waits only for items that were actually claimed, and does the unclaimed
+    /// ones itself. The count lives in the same word as the claim on purpose: with a separate counter a
+    /// late worker could read the *next* job's (larger) count, already stored but not yet published,
+    /// and claim a phantom item of the exhausted old job (an item run twice, the finished count off,
+    /// and a null job pointer dereferenced: a SIGSEGV seen on CI).
     state: AtomicU64,
-    /// Items of the current job.
-    n_items: AtomicUsize,
     /// Items of the current job that are done.
     finished: AtomicUsize,
     /// Points at a `JobRef` on the caller's stack while a job runs.
@@ -56,21 +61,23 @@ impl Shared {
     fn work(&self, generation: u64) {
         loop {
             let s = self.state.load(Ordering::Acquire);
-            if s >> ITEM_BITS != generation {
+            if s >> GEN_SHIFT != generation {
                 return;
             }
-            let item = (s & ITEM_MASK) as usize;
+            let (item, n_items) = (s & FIELD_MASK, (s >> COUNT_SHIFT) & FIELD_MASK);
+            if item >= n_items {
+                return;
+            }
             let ptr = self.job.load(Ordering::Acquire) as *const JobRef<'_>;
-            if item >= self.n_items.load(Ordering::Acquire) {
-                return;
-            }
             if self.state.compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
                 continue;
             }
-            // SAFETY: the claim succeeded on generation `generation` with an item left, so that job is
-            // still running (its caller waits until every item is finished) and `job`, published before
-            // the generation, still points at its closure (a newer job can only be published after
-            // this item is finished).
+            let item = item as usize;
+            // SAFETY: the claim succeeded on the very state word read above (generation, count and
+            // item in one word, and that word never repeats), so that job was unfinished from the read
+            // of `job` to the claim: its caller is still waiting for this item, and `job`, stored before
+            // the generation was published and cleared only after every item is finished, points at
+            // its closure.
             let job: JobRef<'_> = unsafe { *ptr };
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(item))) {
                 let mut slot = self.panic.lock().unwrap_or_else(|p| p.into_inner());
@@ -99,7 +106,6 @@ impl ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
-            n_items: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             shutdown: AtomicBool::new(false),
@@ -139,9 +145,9 @@ impl ThreadPool {
     /// threads (the caller included), and returns when all are done. A panic is re-raised here.
     ///
     /// # Panics
-    /// If `n_items >= 2^24`.
+    /// If `n_items > MAX_ITEMS`.
     pub fn run_items(&self, n_items: usize, f: &(dyn Fn(usize) + Sync)) {
-        assert!((n_items as u64) < ITEM_MASK, "run_items: too many items ({n_items})");
+        assert!(n_items <= MAX_ITEMS, "run_items: too many items ({n_items} > {MAX_ITEMS})");
         if n_items == 0 {
             return;
         }
@@ -159,12 +165,11 @@ impl ThreadPool {
         };
         let shared = &*self.shared;
         let job: JobRef<'_> = f;
-        let generation = (self.generation.load(Ordering::Relaxed) + 1) & (u64::MAX >> ITEM_BITS);
+        let generation = (self.generation.load(Ordering::Relaxed) + 1) & (u64::MAX >> GEN_SHIFT);
         self.generation.store(generation, Ordering::Relaxed);
         shared.finished.store(0, Ordering::Relaxed);
-        shared.n_items.store(n_items, Ordering::Relaxed);
         shared.job.store(&job as *const JobRef<'_> as *mut (), Ordering::Relaxed);
-        shared.state.store(generation << ITEM_BITS, Ordering::SeqCst);
+        shared.state.store(generation << GEN_SHIFT | (n_items as u64) << COUNT_SHIFT, Ordering::SeqCst);
         for (i, (_, thread)) in self.workers.iter().enumerate() {
             if shared.sleeping[i].load(Ordering::SeqCst) {
                 thread.unpark();
@@ -197,7 +202,7 @@ fn worker_loop(shared: &Shared, index: usize) {
         let start = Instant::now();
         let mut spins = 0u32;
         let generation = loop {
-            let g = shared.state.load(Ordering::Acquire) >> ITEM_BITS;
+            let g = shared.state.load(Ordering::Acquire) >> GEN_SHIFT;
             if g != seen || shared.shutdown.load(Ordering::Acquire) {
                 break g;
             }
@@ -214,7 +219,7 @@ fn worker_loop(shared: &Shared, index: usize) {
             } else {
                 sleeping.store(true, Ordering::SeqCst);
                 // Re-check after announcing sleep: the caller checks `sleeping` after publishing.
-                if shared.state.load(Ordering::SeqCst) >> ITEM_BITS == seen && !shared.shutdown.load(Ordering::SeqCst) {
+                if shared.state.load(Ordering::SeqCst) >> GEN_SHIFT == seen && !shared.shutdown.load(Ordering::SeqCst) {
                     thread::park_timeout(Duration::from_millis(100));
                 }
                 sleeping.store(false, Ordering::SeqCst);
@@ -298,6 +303,37 @@ mod tests {
                 seen[i].fetch_add(1, Ordering::Relaxed);
             });
             assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    /// Many jobs whose item counts change from one to the next, some run serially (one item), with the
+    /// workers sometimes parked: every item of every job runs exactly once, and only while its caller
+    /// waits (`sentinel` lives on the caller's stack). This caught a worker claiming a phantom item of
+    /// a finished job after reading the next job's count (an item run twice, then a SIGSEGV).
+    #[test]
+    fn jobs_of_changing_sizes_run_each_item_once() {
+        let pool = ThreadPool::new(2);
+        let mut seed = 12345u64;
+        for run in 0..500_000u64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let n = 1 + (seed % 9) as usize;
+            let sentinel = [run; 4];
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run_items(n, &|i| {
+                assert_eq!(std::hint::black_box(&sentinel)[3], run, "item ran after its job returned");
+                hits[i].fetch_add(1, Ordering::Relaxed);
+                if (seed >> i) % 3 == 0 {
+                    std::hint::black_box((0..64u64).sum::<u64>());
+                }
+            });
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(h.load(Ordering::Relaxed), 1, "run {run}: item {i} of {n}");
+            }
+            if seed % 2000 == 0 {
+                thread::sleep(Duration::from_micros(seed % 4000));
+            }
         }
     }
 
