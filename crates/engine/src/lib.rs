@@ -4,12 +4,14 @@
 //! 2. [`session`]: a loaded model + tokenizer ([`Engine`]), prompt rendering (chat templates), generation with
 //!    stop rules, streaming and timings.
 //! 3. [`perplexity`]: llama.cpp-compatible perplexity.
+//! 4. [`speculative`]: generation with tree speculative decoding (`--mode eagle|ngram`) and draft-head lookup.
 
 pub mod bench;
 pub mod error;
 pub mod fetch;
 pub mod perplexity;
 pub mod session;
+pub mod speculative;
 
 pub use error::EngineError;
 pub use session::{Engine, FinishReason, GenerateParams, Generation, Timings};

@@ -183,6 +183,6 @@ impl Engine {
 }
 
 /// Byte offset of the earliest stop string in `text`.
-fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
+pub(crate) fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
     stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
 }

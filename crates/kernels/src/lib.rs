@@ -33,6 +33,7 @@ pub use dequant::dequantize_row;
 pub use gguf::GgmlType;
 pub use matmul::{matmul, matmul_many, matmul_rows, MatmulScratch, QMatrix};
 pub use pool::{parallel_for, ThreadPool};
+pub use quantize::quantize_q8_0_weights;
 
 /// Errors from building kernel inputs.
 #[derive(thiserror::Error, Debug)]

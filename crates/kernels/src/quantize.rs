@@ -500,3 +500,21 @@ mod tests {
         assert_eq!(d[0], 0.0);
     }
 }
+
+/// Quantizes f32 weights to Q8_0 blocks as ggml's reference quantizer does (`d = max|x| / 127` stored as f16,
+/// `q = round(x / d)`), for weights made at run time (e.g. a draft head read from safetensors).
+///
+/// # Panics
+/// If `x.len()` is not a multiple of 32.
+pub fn quantize_q8_0_weights(x: &[f32]) -> Vec<u8> {
+    assert!(x.len() % QK == 0, "quantize_q8_0_weights: {} values is not a multiple of {QK}", x.len());
+    let mut out = Vec::with_capacity(x.len() / QK * (QK + 2));
+    for block in x.chunks_exact(QK) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f32_to_f16(d).to_le_bytes());
+        out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
+    }
+    out
+}

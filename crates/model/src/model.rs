@@ -320,6 +320,18 @@ impl Model {
         );
     }
 
+    /// Row `id` of the output head (the weights of token `id`'s logit), dequantized into `out` (`n_embd`).
+    pub fn head_row(&self, id: u32, out: &mut [f32]) -> Result<(), ModelError> {
+        let m = &self.weights.output;
+        if id as usize >= m.rows {
+            return Err(ModelError::BadToken { id, vocab: m.rows });
+        }
+        let rb = m.row_bytes();
+        let bytes = self.file.tensor_bytes(&m.info);
+        kernels::dequantize_row(m.ty, &bytes[id as usize * rb..(id as usize + 1) * rb], &mut out[..m.cols]);
+        Ok(())
+    }
+
     /// Logits of the tokens `ids` only, for one normed row.
     pub fn head_rows(&self, normed: &[f32], ids: &[u32], out: &mut [f32], ws: &mut Workspace) {
         matmul_rows(

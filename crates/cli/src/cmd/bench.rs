@@ -1,8 +1,13 @@
 //! `specee bench -m PATH [-t N] [-p P] [-n N] [-r R] [--batch-curve] [--llama-cpp] [--json]`: prompt and decode
 //! speed (median, min, max over R runs), optionally the multi-row batch curve and llama.cpp measured side by
 //! side in the same run (through the `llama-cpp-python` package) with the ratio.
+//!
+//! `specee bench --mode eagle|ngram|dense --prompts FILE.jsonl [-n N]`: decodes N tokens (greedy, stopping at end
+//! of generation) after every prompt of the file (`{"prompt": "..."}` raw, or `{"messages": [...]}` rendered with
+//! the chat template) densely and with the mode, checks the ids are identical, and reports decode tok/s of both,
+//! the speed-up, τ (tokens per target forward, bonus included) and the time shares of drafting and verifying.
 
-use super::ModelArgs;
+use super::{ModeArgs, ModelArgs};
 use engine::bench::{bench, bench_tokens, median, BenchParams};
 use serde_json::{json, Value};
 use std::process::Command;
@@ -11,6 +16,11 @@ use std::process::Command;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub mode: ModeArgs,
+    /// Prompt set for comparing decoding modes (JSON lines: {"prompt": ...} or {"messages": [...]}).
+    #[arg(long)]
+    pub prompts: Option<std::path::PathBuf>,
     /// Prompt tokens for the prompt-processing test.
     #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
     pub prompt: usize,
@@ -53,6 +63,9 @@ fn llama_cpp(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.prompts.is_some() || a.mode.mode != engine::speculative::Mode::Dense {
+        return run_prompts(a);
+    }
     let path = engine::resolve_model(a.model.model.clone(), true)?;
     let eng = engine::Engine::load(&path)?;
     let threads = a.model.threads();
@@ -137,6 +150,154 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 c["relative"].as_f64().unwrap_or(0.0)
             );
         }
+    }
+    Ok(())
+}
+
+/// The prompts of a `--prompts` file, as token ids.
+fn read_prompts(eng: &engine::Engine, path: &std::path::Path) -> anyhow::Result<Vec<Vec<u32>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |why: String| anyhow::anyhow!("{}:{}: {why}", path.display(), i + 1);
+        let v: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        let rendered = if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
+            p.to_string()
+        } else if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
+            let messages = msgs
+                .iter()
+                .map(|m| {
+                    let role = m.get("role").and_then(|r| r.as_str());
+                    let content = m.get("content").and_then(|c| c.as_str());
+                    match (role, content) {
+                        (Some(r), Some(c)) => Ok(tokenizer::chat::Message::new(r, c)),
+                        _ => Err(bad("a message needs `role` and `content` strings".into())),
+                    }
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            eng.render_chat(&messages)?
+        } else {
+            return Err(bad("expected {\"prompt\": ...} or {\"messages\": [...]}".into()));
+        };
+        out.push(eng.tokenize_prompt(&rendered));
+    }
+    if out.is_empty() {
+        anyhow::bail!("{} has no prompts", path.display());
+    }
+    Ok(out)
+}
+
+/// `--prompts`: dense vs the mode on a prompt set.
+fn run_prompts(a: Args) -> anyhow::Result<()> {
+    let Some(prompts_path) = a.prompts.as_deref() else {
+        anyhow::bail!("--mode {:?} needs --prompts FILE.jsonl", a.mode.mode);
+    };
+    let (eng, path) = a.model.load_with_path()?;
+    let threads = a.model.threads();
+    let prompts = read_prompts(&eng, prompts_path)?;
+    let params = engine::GenerateParams { max_tokens: a.gen, ..Default::default() };
+    let ctx = prompts.iter().map(|p| p.len()).max().unwrap_or(0) + a.gen + 128;
+    let (mut dense_s, mut mode_s, mut tokens, mut identical) = (0f64, 0f64, 0usize, true);
+    let mut total = decode::speculative::SpeculativeStats::default();
+    let mut per_prompt = Vec::new();
+    for (i, ids) in prompts.iter().enumerate() {
+        let dense = eng.generate(ids, &params, ctx, threads, |_| true)?;
+        let (g, st) = match a.mode.proposer(&eng, &path)? {
+            None => (eng.generate(ids, &params, ctx, threads, |_| true)?, Default::default()),
+            Some(p) => eng.generate_speculative(ids, &params, ctx, threads, p, |_| true)?,
+        };
+        let same = g.generated_ids == dense.generated_ids;
+        identical &= same;
+        dense_s += dense.timings.decode_seconds;
+        mode_s += g.timings.decode_seconds;
+        tokens += g.generated_ids.len();
+        total.target_forwards += st.target_forwards;
+        total.committed_tokens += st.committed_tokens;
+        total.drafted_nodes += st.drafted_nodes;
+        total.accepted_drafts += st.accepted_drafts;
+        total.draft_time += st.draft_time;
+        total.verify_time += st.verify_time;
+        let row = json!({
+            "prompt_tokens": ids.len(),
+            "tokens": g.generated_ids.len(),
+            "dense_tokens_per_s": dense.timings.decode_tokens_per_s(),
+            "tokens_per_s": g.timings.decode_tokens_per_s(),
+            "acceptance_length": st.acceptance_length(),
+            "identical_to_dense": same,
+        });
+        if !a.json {
+            eprintln!(
+                "prompt {}/{}: {} tokens, dense {:.1} tok/s, {:?} {:.1} tok/s, τ {:.2}{}",
+                i + 1,
+                prompts.len(),
+                g.generated_ids.len(),
+                dense.timings.decode_tokens_per_s(),
+                a.mode.mode,
+                g.timings.decode_tokens_per_s(),
+                st.acceptance_length(),
+                if same { "" } else { " — OUTPUT DIFFERS FROM DENSE" }
+            );
+        }
+        per_prompt.push(row);
+    }
+    let decode_share = (total.draft_time + total.verify_time).as_secs_f64().max(1e-9);
+    let mut out = json!({
+        "model": path.display().to_string(),
+        "mode": format!("{:?}", a.mode.mode).to_lowercase(),
+        "threads": threads,
+        "prompts": prompts.len(),
+        "n_gen": a.gen,
+        "tokens": tokens,
+        "dense_decode_tokens_per_s": tokens as f64 / dense_s.max(1e-9),
+        "decode_tokens_per_s": tokens as f64 / mode_s.max(1e-9),
+        "speedup_vs_dense": dense_s / mode_s.max(1e-9),
+        "acceptance_length": total.acceptance_length(),
+        "draft_share": total.draft_time.as_secs_f64() / decode_share,
+        "verify_share": total.verify_time.as_secs_f64() / decode_share,
+        "identical_to_dense": identical,
+        "per_prompt": per_prompt,
+    });
+    if a.llama_cpp {
+        let prompt = bench_tokens(&eng, a.prompt.max(1));
+        let decode = bench_tokens(&eng, a.gen.max(1) + 1);
+        let l = llama_cpp(&path.display().to_string(), threads, a.reps.max(1), &prompt, &decode)?;
+        let ltg: Vec<f64> = l["decode_tokens_per_s"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default();
+        let lt = median(&ltg);
+        out["llama_cpp"] = json!({ "decode_tokens_per_s": lt, "decode": stats(&ltg) });
+        out["ratio_vs_llama_cpp"] = json!(out["decode_tokens_per_s"].as_f64().unwrap_or(0.0) / lt);
+    }
+    if a.json {
+        println!("{out}");
+    } else {
+        println!("| mode | prompts | tokens | dense tok/s | mode tok/s | speed-up | τ | drafting | identical |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2}× | {:.2} | {:.0}% | {} |",
+            out["mode"].as_str().unwrap_or(""),
+            prompts.len(),
+            tokens,
+            out["dense_decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+            out["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+            out["speedup_vs_dense"].as_f64().unwrap_or(0.0),
+            out["acceptance_length"].as_f64().unwrap_or(0.0),
+            100.0 * out["draft_share"].as_f64().unwrap_or(0.0),
+            identical
+        );
+        if let Some(l) = out.get("llama_cpp") {
+            println!(
+                "\nllama.cpp decode (tg{}): {:.1} tok/s; {} / llama.cpp: {:.2}×",
+                a.gen,
+                l["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
+                out["mode"].as_str().unwrap_or(""),
+                out["ratio_vs_llama_cpp"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    if !identical {
+        anyhow::bail!("the {:?} output differs from dense greedy on some prompt", a.mode.mode);
     }
     Ok(())
 }

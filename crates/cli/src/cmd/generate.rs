@@ -1,7 +1,7 @@
-//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--json]`: streams the continuation to
+//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram] [--json]`: streams the continuation to
 //! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead.
 
-use super::ModelArgs;
+use super::{ModeArgs, ModelArgs};
 use decode::SamplingParams;
 use engine::GenerateParams;
 use std::io::Write;
@@ -10,6 +10,8 @@ use std::io::Write;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub mode: ModeArgs,
     /// Prompt text.
     #[arg(short = 'p', long = "prompt")]
     pub prompt: String,
@@ -44,7 +46,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let eng = a.model.load()?;
+    let (eng, model_path) = a.model.load_with_path()?;
+    let proposer = a.mode.proposer(&eng, &model_path)?;
     let text = eng.render_prompt(&a.prompt, a.chat)?;
     let ids = eng.tokenize_prompt(&text);
     let params = GenerateParams {
@@ -63,13 +66,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let json = a.json;
     let mut out = std::io::stdout().lock();
-    let g = eng.generate(&ids, &params, a.ctx, a.model.threads(), |piece| {
+    let on_text = |piece: &str| {
         if !json {
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
         }
         true
-    })?;
+    };
+    let (g, stats) = match proposer {
+        None => (eng.generate(&ids, &params, a.ctx, a.model.threads(), on_text)?, None),
+        Some(p) => {
+            let (g, s) = eng.generate_speculative(&ids, &params, a.ctx, a.model.threads(), p, on_text)?;
+            (g, Some(s))
+        }
+    };
     drop(out);
     let t = &g.timings;
     if json {
@@ -84,7 +94,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     "decode_tokens_per_s": t.decode_tokens_per_s(),
                     "prompt_tokens": t.prompt_tokens,
                     "decode_tokens": t.decode_tokens,
-                }
+                },
+                "speculative": stats.map(|s| serde_json::json!({
+                    "acceptance_length": s.acceptance_length(),
+                    "target_forwards": s.target_forwards,
+                    "drafted_nodes": s.drafted_nodes,
+                    "accepted_drafts": s.accepted_drafts,
+                    "draft_share": s.draft_share(),
+                })),
             })
         );
     } else {
@@ -97,6 +114,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
+        if let Some(s) = stats {
+            eprintln!(
+                "speculative: τ {:.2} tokens per target forward ({} forwards, {} of {} drafted tokens accepted), \
+                 {:.0}% of decode time drafting",
+                s.acceptance_length(),
+                s.target_forwards,
+                s.accepted_drafts,
+                s.drafted_nodes,
+                100.0 * s.draft_share()
+            );
+        }
     }
     Ok(())
 }

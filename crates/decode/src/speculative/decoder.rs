@@ -114,6 +114,11 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         &self.tokens
     }
 
+    /// Feature rows (the proposer's [`FeatureSource`]) of every committed token but the last.
+    pub fn features(&self) -> &[f32] {
+        &self.features
+    }
+
     /// Context capacity.
     pub fn capacity(&self) -> usize {
         self.kv.capacity()
@@ -206,6 +211,8 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         self.tree.reset(root);
         if max_tokens > 1 && room > 1 {
             let context = DraftContext {
+                model: self.model,
+                pool: self.ws.pool(),
                 tokens: &self.tokens,
                 features: &self.features,
                 feature_width: self.feature_width,

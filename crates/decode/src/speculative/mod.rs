@@ -41,6 +41,7 @@
 pub mod acceptance;
 mod decoder;
 pub mod distribution;
+pub mod eagle;
 pub mod ngram;
 pub mod oracle;
 pub mod proposer;
@@ -48,6 +49,7 @@ pub mod tree;
 pub mod verify;
 
 pub use decoder::{SpeculativeDecoder, SpeculativeStats};
+pub use eagle::{DraftHead, DraftHeadError, EagleProposer};
 pub use ngram::{NgramConfig, NgramProposer};
 pub use oracle::OracleProposer;
 pub use proposer::{DraftContext, FeatureSource, Proposer};

@@ -130,7 +130,15 @@ mod tests {
         p.continuations(&[1, 2, 3, 4], &[], &mut out);
         assert!(out.is_empty());
         let mut tree = DraftTree::new(4);
-        let ctx = DraftContext { tokens: &[1, 2, 3, 4], features: &[], feature_width: 0, stable_prefix: 0 };
+        let (model, pool) = (model::testing::tiny_model("llama", None, 1, 64), kernels::ThreadPool::new(1));
+        let ctx = DraftContext {
+            model: &model,
+            pool: &pool,
+            tokens: &[1, 2, 3, 4],
+            features: &[],
+            feature_width: 0,
+            stable_prefix: 0,
+        };
         p.propose(&ctx, &mut tree).unwrap();
         assert!(tree.is_empty());
     }
@@ -139,7 +147,15 @@ mod tests {
     fn repeated_text_gives_a_deep_chain() {
         let mut p = NgramProposer::default();
         let tokens: Vec<u32> = [10, 11, 12, 13, 14, 15, 16, 17, 10, 11].to_vec();
-        let ctx = DraftContext { tokens: &tokens, features: &[], feature_width: 0, stable_prefix: 0 };
+        let (model, pool) = (model::testing::tiny_model("llama", None, 1, 64), kernels::ThreadPool::new(1));
+        let ctx = DraftContext {
+            model: &model,
+            pool: &pool,
+            tokens: &tokens,
+            features: &[],
+            feature_width: 0,
+            stable_prefix: 0,
+        };
         let mut tree = DraftTree::new(11);
         p.propose(&ctx, &mut tree).unwrap();
         let deepest = (0..tree.len()).max_by_key(|&i| tree.node(i).depth).unwrap();

@@ -36,8 +36,13 @@ impl FeatureSource {
 }
 
 /// What a proposer sees when asked for a tree.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct DraftContext<'a> {
+    /// The target model (a draft head reuses its embeddings).
+    pub model: &'a model::Model,
+    /// The decoder's thread pool: a proposer that computes should run on it rather than start its own threads
+    /// (two pools would spin against each other on a small machine).
+    pub pool: &'a kernels::ThreadPool,
     /// Every committed token; the last one is the root of the tree to draft (the target has not run it yet).
     pub tokens: &'a [u32],
     /// Feature rows of `tokens[..tokens.len() - 1]`, `feature_width` floats each (empty for

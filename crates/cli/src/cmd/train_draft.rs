@@ -1,0 +1,142 @@
+//! `specee train-draft -m PATH --data TRAIN.jsonl --heldout HELDOUT.jsonl --out HEAD.safetensors`: trains an
+//! EAGLE-style draft head for a model (see `train` and `decode::speculative::eagle`).
+//!
+//! First it collects the training data by running the model over the records (its own greedy answers to the
+//! chat prompts, its reading of the texts), cached beside the output as `HEAD.train-data.safetensors` and
+//! `HEAD.heldout-data.safetensors` (reused on a rerun); then it trains, printing loss and held-out acceptance per
+//! epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a rerun resumes. `scripts/draft_data.py`
+//! writes the record files.
+
+use super::ModelArgs;
+use anyhow::Context;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use train::data::{collect, read_records, CollectOptions, DraftData};
+use train::TrainOptions;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Training records (JSON lines: {"messages": [...]} or {"text": "..."}).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Held-out records (acceptance is measured on them after every epoch; never trained on).
+    #[arg(long)]
+    pub heldout: PathBuf,
+    /// Output head file (safetensors, F16).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Draft vocabulary size (the most frequent tokens of the training data).
+    #[arg(long, default_value_t = 4096)]
+    pub vocab: usize,
+    /// Feed-forward width of the head.
+    #[arg(long, default_value_t = 1024)]
+    pub ff: usize,
+    #[arg(long, default_value_t = 4)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Draft steps unrolled per training sample (the later ones feed on the head's own predicted features).
+    #[arg(long, default_value_t = 2)]
+    pub steps: usize,
+    /// Weight of the feature loss against the token loss.
+    #[arg(long, default_value_t = 1.0)]
+    pub reg_weight: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Tokens the model writes per chat record while collecting.
+    #[arg(long, default_value_t = 96)]
+    pub max_new: usize,
+    /// Tokens kept of each prompt or text.
+    #[arg(long, default_value_t = 384)]
+    pub max_input: usize,
+    /// Use only the first N training records (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+}
+
+fn sibling(out: &Path, suffix: &str) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "head".into());
+    out.with_file_name(format!("{stem}.{suffix}.safetensors"))
+}
+
+fn collect_cached(
+    engine: &engine::Engine,
+    records_path: &Path,
+    cache: &Path,
+    opts: CollectOptions,
+    limit: usize,
+) -> anyhow::Result<DraftData> {
+    if cache.exists() {
+        eprintln!("using collected data {}", cache.display());
+        return DraftData::load(cache).with_context(|| format!("reading {}", cache.display()));
+    }
+    let mut records = read_records(records_path)?;
+    if limit > 0 {
+        records.truncate(limit);
+    }
+    let bar = train::progress_bar(true, records.len() as u64, &format!("collecting {}", records_path.display()));
+    let start = std::time::Instant::now();
+    let data = collect(engine, &records, opts, |done, tokens| {
+        bar.set_position(done as u64);
+        bar.set_message(format!("{tokens} tokens"));
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "collected {} sequences, {} tokens from {} in {:.0} s",
+        data.n_sequences(),
+        data.tokens.len(),
+        records_path.display(),
+        start.elapsed().as_secs_f64()
+    );
+    data.save(cache)?;
+    Ok(data)
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.vocab == 0 || a.ff == 0 || a.batch == 0 || a.steps == 0 {
+        anyhow::bail!("--vocab, --ff, --batch and --steps must be at least 1");
+    }
+    let engine = a.model.load()?;
+    let opts = CollectOptions { max_new: a.max_new, max_input: a.max_input, threads: a.model.threads() };
+    let train_data = collect_cached(&engine, &a.data, &sibling(&a.out, "train-data"), opts, a.limit)?;
+    let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data"), opts, 0)?;
+    let topts = TrainOptions {
+        vocab: a.vocab,
+        ff: a.ff,
+        epochs: a.epochs,
+        batch: a.batch,
+        lr: a.lr,
+        steps: a.steps,
+        reg_weight: a.reg_weight,
+        seed: a.seed,
+        eval_positions: 4000,
+        checkpoint: sibling(&a.out, "ckpt"),
+        progress: true,
+    };
+    let base = a.model.model.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+    let metadata = HashMap::from([
+        ("base_model".to_string(), base.unwrap_or_else(|| engine::fetch::DefaultModel::SmolLM2.file_name().into())),
+        ("train_data".to_string(), a.data.display().to_string()),
+        ("train_tokens".to_string(), train_data.tokens.len().to_string()),
+        ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
+    ]);
+    let report = train::train_draft(&engine.model, &train_data, &heldout, &a.out, &topts, metadata)?;
+    let size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "wrote {} ({:.1} MB) after {} epochs on {} positions in {:.0} s: held-out top-1 {:.3}, top-3 {:.3}, \
+         step-2 top-1 {:.3}",
+        a.out.display(),
+        size as f64 / 1e6,
+        report.epochs_run,
+        report.train_positions,
+        report.seconds,
+        report.heldout.top1,
+        report.heldout.top3,
+        report.heldout.top1_step2
+    );
+    Ok(())
+}

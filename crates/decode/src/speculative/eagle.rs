@@ -1,0 +1,469 @@
+//! EAGLE-style draft heads: the [`DraftHead`] file format, its forward pass on our kernels, and the
+//! [`EagleProposer`] that grows EAGLE-2 dynamic trees with it.
+//!
+//! # The head (specee's own format, `specee-eagle-mlp-1`)
+//! EAGLE-1 drafts the token at `i + 2` from the target's feature at `i` and the token at `i + 1`. Our heads keep
+//! that interface with a feed-forward block instead of EAGLE's attention layer (no draft KV cache to keep in
+//! step with the tree) and a **reduced draft vocabulary** (the N most frequent tokens; EAGLE-3's `d2t`), so
+//! drafting never pays a full-vocabulary product:
+//!
+//! ```text
+//! e  = rms_norm(embed(token)) · emb_norm            (the target's own embedding, frozen)
+//! x  = fc · [e ; feature] + fc_bias                 (2d → d)
+//! h  = x + down(silu(gate(n)) ⊙ up(n)),  n = rms_norm(x) · mlp_norm
+//! ĥ  = h          — the predicted feature (target's final-normed hidden state) at the token's position
+//! logits = lm_head · ĥ   over the draft vocabulary; draft id j is target token j + d2t[j]
+//! ```
+//! Deeper tree nodes use the parent's predicted feature `ĥ` in place of the target's.
+//!
+//! Tensors (safetensors; F32, F16 or BF16): `emb_norm.weight [d]`, `fc.weight [d, 2d]`, `fc.bias [d]`,
+//! `mlp_norm.weight [d]`, `mlp.gate_proj.weight [f, d]`, `mlp.up_proj.weight [f, d]`, `mlp.down_proj.weight
+//! [d, f]`, `lm_head.weight [N, d]`, `d2t [N]` (I64 or I32 offsets). Metadata: `format = specee-eagle-mlp-1`,
+//! `rms_eps`, and informational keys (`base_model`, how it was trained). Matrices are quantized to Q8_0 at load
+//! (where the width allows) and multiplied by the same kernels as the target.
+
+use super::proposer::{DraftContext, FeatureSource, Proposer};
+use super::tree::{build_dynamic_tree, DraftTree, TreeConfig};
+use super::SpeculativeError;
+use kernels::{matmul, matmul_many, GgmlType, MatmulScratch, QMatrix, ThreadPool};
+use model::blocks::{rms_norm, silu};
+use model::Model;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The format tag written into a head's metadata.
+pub const FORMAT: &str = "specee-eagle-mlp-1";
+
+/// What can go wrong loading a draft head.
+#[derive(Debug, thiserror::Error)]
+pub enum DraftHeadError {
+    #[error("reading {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("not a safetensors file: {0}")]
+    Format(String),
+    #[error("draft head has no tensor `{0}`")]
+    Missing(String),
+    #[error("draft head tensor `{name}` has shape {got:?}, expected {want:?}")]
+    Shape { name: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("draft head tensor `{name}` has unsupported type {dtype}")]
+    DType { name: String, dtype: String },
+    #[error("draft head is for a model with hidden size {head}, this model has {model}")]
+    Width { head: usize, model: usize },
+    #[error("draft vocabulary entry {index} maps to token {token}, outside the model's vocabulary ({vocab})")]
+    BadMapping { index: usize, token: i64, vocab: usize },
+    #[error("draft head format `{0}` is not `{FORMAT}`")]
+    UnknownFormat(String),
+}
+
+/// A weight matrix owned by the head, in a kernel type.
+#[derive(Clone, Debug)]
+struct OwnedMatrix {
+    ty: GgmlType,
+    data: Vec<u8>,
+    rows: usize,
+    cols: usize,
+}
+
+impl OwnedMatrix {
+    /// Q8_0 when `cols` allows it (the target's own activation path), F32 otherwise.
+    fn from_f32(values: &[f32], rows: usize, cols: usize) -> OwnedMatrix {
+        if cols % 32 == 0 {
+            OwnedMatrix { ty: GgmlType::Q8_0, data: kernels::quantize_q8_0_weights(values), rows, cols }
+        } else {
+            let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            OwnedMatrix { ty: GgmlType::F32, data, rows, cols }
+        }
+    }
+
+    fn view(&self) -> QMatrix<'_> {
+        QMatrix { ty: self.ty, data: &self.data, rows: self.rows, cols: self.cols }
+    }
+}
+
+/// A loaded draft head (see the module header).
+#[derive(Clone, Debug)]
+pub struct DraftHead {
+    /// Hidden size `d` (the target's).
+    pub n_embd: usize,
+    /// Feed-forward width `f`.
+    pub n_ff: usize,
+    /// Draft vocabulary size `N`.
+    pub vocab: usize,
+    /// Target token id of each draft id.
+    pub d2t: Vec<u32>,
+    /// Metadata of the file.
+    pub metadata: HashMap<String, String>,
+    rms_eps: f32,
+    emb_norm: Vec<f32>,
+    fc: OwnedMatrix,
+    fc_bias: Vec<f32>,
+    mlp_norm: Vec<f32>,
+    gate: OwnedMatrix,
+    up: OwnedMatrix,
+    down: OwnedMatrix,
+    lm_head: OwnedMatrix,
+}
+
+/// Reads one tensor as f32 values with its shape.
+fn tensor_f32(st: &safetensors::SafeTensors<'_>, name: &str) -> Result<(Vec<f32>, Vec<usize>), DraftHeadError> {
+    use safetensors::Dtype;
+    let t = st.tensor(name).map_err(|_| DraftHeadError::Missing(name.to_string()))?;
+    let data = t.data();
+    let values = match t.dtype() {
+        Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        other => return Err(DraftHeadError::DType { name: name.to_string(), dtype: format!("{other:?}") }),
+    };
+    Ok((values, t.shape().to_vec()))
+}
+
+/// Reads one tensor and checks its shape.
+fn tensor_shaped(st: &safetensors::SafeTensors<'_>, name: &str, want: &[usize]) -> Result<Vec<f32>, DraftHeadError> {
+    let (values, shape) = tensor_f32(st, name)?;
+    if shape != want {
+        return Err(DraftHeadError::Shape { name: name.to_string(), got: shape, want: want.to_vec() });
+    }
+    Ok(values)
+}
+
+impl DraftHead {
+    /// Loads a head file.
+    pub fn load(path: impl AsRef<Path>) -> Result<DraftHead, DraftHeadError> {
+        let path = path.as_ref();
+        let bytes =
+            std::fs::read(path).map_err(|source| DraftHeadError::Io { path: path.display().to_string(), source })?;
+        DraftHead::from_bytes(&bytes)
+    }
+
+    /// Parses a head from the bytes of a safetensors file.
+    pub fn from_bytes(bytes: &[u8]) -> Result<DraftHead, DraftHeadError> {
+        let (_, meta) =
+            safetensors::SafeTensors::read_metadata(bytes).map_err(|e| DraftHeadError::Format(e.to_string()))?;
+        let metadata: HashMap<String, String> = meta.metadata().clone().unwrap_or_default();
+        if let Some(format) = metadata.get("format") {
+            if format != FORMAT {
+                return Err(DraftHeadError::UnknownFormat(format.clone()));
+            }
+        }
+        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| DraftHeadError::Format(e.to_string()))?;
+        let (fc, fc_shape) = tensor_f32(&st, "fc.weight")?;
+        let [d, d2] = fc_shape[..] else {
+            return Err(DraftHeadError::Shape { name: "fc.weight".into(), got: fc_shape, want: vec![0, 0] });
+        };
+        if d2 != 2 * d {
+            return Err(DraftHeadError::Shape { name: "fc.weight".into(), got: vec![d, d2], want: vec![d, 2 * d] });
+        }
+        let (gate, gate_shape) = tensor_f32(&st, "mlp.gate_proj.weight")?;
+        let f = gate_shape.first().copied().unwrap_or(0);
+        if gate_shape != [f, d] {
+            return Err(DraftHeadError::Shape {
+                name: "mlp.gate_proj.weight".into(),
+                got: gate_shape,
+                want: vec![f, d],
+            });
+        }
+        let (lm_head, head_shape) = tensor_f32(&st, "lm_head.weight")?;
+        let n = head_shape.first().copied().unwrap_or(0);
+        if head_shape != [n, d] {
+            return Err(DraftHeadError::Shape { name: "lm_head.weight".into(), got: head_shape, want: vec![n, d] });
+        }
+        let d2t_view = st.tensor("d2t").map_err(|_| DraftHeadError::Missing("d2t".into()))?;
+        if d2t_view.shape() != [n] {
+            return Err(DraftHeadError::Shape { name: "d2t".into(), got: d2t_view.shape().to_vec(), want: vec![n] });
+        }
+        let offsets: Vec<i64> = match d2t_view.dtype() {
+            safetensors::Dtype::I64 => {
+                d2t_view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+            }
+            safetensors::Dtype::I32 => {
+                d2t_view.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect()
+            }
+            other => return Err(DraftHeadError::DType { name: "d2t".into(), dtype: format!("{other:?}") }),
+        };
+        let d2t = offsets
+            .iter()
+            .enumerate()
+            .map(|(j, &o)| {
+                let t = j as i64 + o;
+                u32::try_from(t).map_err(|_| DraftHeadError::BadMapping { index: j, token: t, vocab: usize::MAX })
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        let rms_eps = metadata.get("rms_eps").and_then(|v| v.parse().ok()).unwrap_or(1e-5);
+        Ok(DraftHead {
+            n_embd: d,
+            n_ff: f,
+            vocab: n,
+            d2t,
+            rms_eps,
+            emb_norm: tensor_shaped(&st, "emb_norm.weight", &[d])?,
+            fc: OwnedMatrix::from_f32(&fc, d, 2 * d),
+            fc_bias: tensor_shaped(&st, "fc.bias", &[d])?,
+            mlp_norm: tensor_shaped(&st, "mlp_norm.weight", &[d])?,
+            gate: OwnedMatrix::from_f32(&gate, f, d),
+            up: OwnedMatrix::from_f32(&tensor_shaped(&st, "mlp.up_proj.weight", &[f, d])?, f, d),
+            down: OwnedMatrix::from_f32(&tensor_shaped(&st, "mlp.down_proj.weight", &[d, f])?, d, f),
+            lm_head: OwnedMatrix::from_f32(&lm_head, n, d),
+            metadata,
+        })
+    }
+
+    /// Checks that the head fits `model` (hidden size, draft vocabulary inside the model's).
+    pub fn check_fits(&self, model: &Model) -> Result<(), DraftHeadError> {
+        let c = &model.config;
+        if self.n_embd != c.n_embd {
+            return Err(DraftHeadError::Width { head: self.n_embd, model: c.n_embd });
+        }
+        if let Some((index, &t)) = self.d2t.iter().enumerate().find(|(_, &t)| t as usize >= c.vocab_size) {
+            return Err(DraftHeadError::BadMapping { index, token: t as i64, vocab: c.vocab_size });
+        }
+        Ok(())
+    }
+
+    /// Runs the head on `m` rows: `tokens[r]` with input feature `features[r]` (`m × d`). Writes the predicted
+    /// features to `out_features` (`m × d`) and draft-vocabulary logits to `logits` (`m × N`).
+    pub fn forward(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        features: &[f32],
+        pool: &ThreadPool,
+        scratch: &mut DraftScratch,
+        out_features: &mut Vec<f32>,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), SpeculativeError> {
+        let (m, d, f) = (tokens.len(), self.n_embd, self.n_ff);
+        let s = scratch;
+        s.emb.resize(m * d, 0.0);
+        model.embed(tokens, &mut s.emb)?;
+        s.input.resize(m * 2 * d, 0.0);
+        for r in 0..m {
+            let row = &mut s.input[r * 2 * d..(r + 1) * 2 * d];
+            rms_norm(&s.emb[r * d..(r + 1) * d], &self.emb_norm, self.rms_eps, &mut row[..d]);
+            row[d..].copy_from_slice(&features[r * d..(r + 1) * d]);
+        }
+        out_features.resize(m * d, 0.0);
+        matmul(pool, &self.fc.view(), &s.input, m, out_features, &mut s.mm);
+        for r in 0..m {
+            out_features[r * d..(r + 1) * d].iter_mut().zip(&self.fc_bias).for_each(|(x, b)| *x += b);
+        }
+        s.normed.resize(m * d, 0.0);
+        for r in 0..m {
+            rms_norm(
+                &out_features[r * d..(r + 1) * d],
+                &self.mlp_norm,
+                self.rms_eps,
+                &mut s.normed[r * d..(r + 1) * d],
+            );
+        }
+        s.gate.resize(m * f, 0.0);
+        s.up.resize(m * f, 0.0);
+        let (gate, up) = (self.gate.view(), self.up.view());
+        matmul_many(pool, &mut [(&gate, &mut s.gate[..]), (&up, &mut s.up[..])], &s.normed, m, &mut s.mm);
+        s.gate.iter_mut().zip(&s.up).for_each(|(g, u)| *g = silu(*g) * u);
+        s.down.resize(m * d, 0.0);
+        matmul(pool, &self.down.view(), &s.gate, m, &mut s.down, &mut s.mm);
+        out_features.iter_mut().zip(&s.down).for_each(|(x, o)| *x += o);
+        logits.resize(m * self.vocab, 0.0);
+        matmul(pool, &self.lm_head.view(), out_features, m, logits, &mut s.mm);
+        Ok(())
+    }
+}
+
+/// Reusable buffers of [`DraftHead::forward`].
+#[derive(Default)]
+pub struct DraftScratch {
+    emb: Vec<f32>,
+    input: Vec<f32>,
+    normed: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    mm: MatmulScratch,
+}
+
+/// Drafts EAGLE-2 dynamic trees with a [`DraftHead`].
+pub struct EagleProposer {
+    head: DraftHead,
+    /// Tree sizes.
+    pub tree: TreeConfig,
+    scratch: DraftScratch,
+    /// Predicted feature of each node of the candidate pool, by pool index (`d` floats each).
+    node_features: Vec<f32>,
+    tokens: Vec<u32>,
+    inputs: Vec<f32>,
+    out_features: Vec<f32>,
+    logits: Vec<f32>,
+    order: Vec<u32>,
+}
+
+impl EagleProposer {
+    /// A proposer drafting with `head` (on the decoder's threads).
+    pub fn new(head: DraftHead, tree: TreeConfig) -> EagleProposer {
+        EagleProposer {
+            head,
+            tree,
+            scratch: DraftScratch::default(),
+            node_features: Vec::new(),
+            tokens: Vec::new(),
+            inputs: Vec::new(),
+            out_features: Vec::new(),
+            logits: Vec::new(),
+            order: Vec::new(),
+        }
+    }
+
+    /// The head.
+    pub fn head(&self) -> &DraftHead {
+        &self.head
+    }
+
+    /// Default tree sizes for a draft head on a 2-core CPU.
+    pub fn default_tree() -> TreeConfig {
+        TreeConfig { depth: 5, top_k: 3, budget: 10 }
+    }
+}
+
+/// Log-softmax of `logits` and its `k` best entries as `(index, log_prob)`, best first.
+fn top_k_log_probs(logits: &[f32], k: usize, order: &mut Vec<u32>, out: &mut Vec<(u32, f32)>) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let log_sum = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+    order.clear();
+    order.extend(0..logits.len() as u32);
+    let k = k.min(order.len());
+    if k == 0 {
+        return;
+    }
+    order.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    order[..k].sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    out.extend(order[..k].iter().map(|&j| (j, logits[j as usize] - log_sum)));
+}
+
+impl Proposer for EagleProposer {
+    fn feature_source(&self) -> FeatureSource {
+        FeatureSource::FinalNorm
+    }
+
+    fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
+        let n = context.tokens.len();
+        // The root's draft needs the target's feature of the token before it.
+        let Some(root_feature) = n.checked_sub(2).and_then(|i| context.feature(i)) else { return Ok(()) };
+        let d = self.head.n_embd;
+        let (model, pool) = (context.model, context.pool);
+        self.node_features.clear();
+        let EagleProposer { head, tree: config, scratch, node_features, tokens, inputs, out_features, logits, order } =
+            self;
+        build_dynamic_tree(config, tree, |pool_tree, frontier, children| {
+            tokens.clear();
+            inputs.clear();
+            for &v in frontier {
+                let node = pool_tree.node(v);
+                tokens.push(node.token);
+                if v == 0 {
+                    inputs.extend_from_slice(root_feature);
+                } else {
+                    let p = node.parent;
+                    inputs.extend_from_slice(&node_features[p * d..(p + 1) * d]);
+                }
+            }
+            head.forward(model, tokens, inputs, pool, scratch, out_features, logits)?;
+            // Remember each expanded node's predicted feature (its children's input), by pool index.
+            let needed = (pool_tree.len()) * d;
+            if node_features.len() < needed {
+                node_features.resize(needed, 0.0);
+            }
+            for (r, &v) in frontier.iter().enumerate() {
+                node_features[v * d..(v + 1) * d].copy_from_slice(&out_features[r * d..(r + 1) * d]);
+            }
+            for r in 0..frontier.len() {
+                let mut kids = Vec::with_capacity(config.top_k);
+                top_k_log_probs(&logits[r * head.vocab..(r + 1) * head.vocab], config.top_k, order, &mut kids);
+                for kid in kids.iter_mut() {
+                    kid.0 = head.d2t[kid.0 as usize];
+                }
+                children.push(kids);
+            }
+            Ok::<(), SpeculativeError>(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::argmax;
+    use crate::{DenseDecoder, SamplingParams, SpeculativeDecoder};
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+
+    /// A random head file for a width-`d` model: `n` draft tokens mapped to every second target token.
+    fn random_head_bytes(d: usize, ff: usize, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut rnd = |len: usize, scale: f32| -> Vec<u8> {
+            (0..len)
+                .flat_map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale).to_le_bytes()
+                })
+                .collect()
+        };
+        let tensors: Vec<(&str, Vec<usize>, Vec<u8>)> = vec![
+            ("emb_norm.weight", vec![d], rnd(d, 0.2)),
+            ("fc.weight", vec![d, 2 * d], rnd(2 * d * d, 0.5)),
+            ("fc.bias", vec![d], rnd(d, 0.1)),
+            ("mlp_norm.weight", vec![d], rnd(d, 2.0)),
+            ("mlp.gate_proj.weight", vec![ff, d], rnd(ff * d, 0.5)),
+            ("mlp.up_proj.weight", vec![ff, d], rnd(ff * d, 0.5)),
+            ("mlp.down_proj.weight", vec![d, ff], rnd(d * ff, 0.5)),
+            ("lm_head.weight", vec![n, d], rnd(n * d, 2.0)),
+        ];
+        let d2t: Vec<u8> = (0..n as i64).flat_map(|j| j.to_le_bytes()).collect();
+        let mut views: Vec<(&str, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(name, shape, b)| (*name, TensorView::new(Dtype::F32, shape.clone(), b).unwrap()))
+            .collect();
+        views.push(("d2t", TensorView::new(Dtype::I64, vec![n], &d2t).unwrap()));
+        let meta = HashMap::from([("format".to_string(), FORMAT.to_string())]);
+        safetensors::serialize(views, Some(meta)).unwrap()
+    }
+
+    #[test]
+    fn head_loads_and_checks_shapes() {
+        let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 16, 1)).unwrap();
+        assert_eq!((head.n_embd, head.n_ff, head.vocab), (32, 64, 16));
+        assert_eq!(head.d2t[5], 10); // offset j → token 2j
+        let model = model::testing::tiny_model("llama", None, 3, 64);
+        head.check_fits(&model).unwrap();
+        let wide = DraftHead::from_bytes(&random_head_bytes(64, 64, 16, 1)).unwrap();
+        assert!(matches!(wide.check_fits(&model), Err(DraftHeadError::Width { head: 64, model: 32 })));
+        let small = model::testing::tiny_model("llama", None, 3, 20);
+        assert!(matches!(head.check_fits(&small), Err(DraftHeadError::BadMapping { .. })));
+        assert!(DraftHead::from_bytes(b"not a safetensors file").is_err());
+    }
+
+    #[test]
+    fn eagle_greedy_equals_dense_greedy_on_a_tiny_model() {
+        for arch in ["llama", "gemma3"] {
+            let model = model::testing::tiny_model(arch, None, 11, 64);
+            let prompt: Vec<u32> = vec![1, 7, 3, 9, 4, 4, 12, 5];
+            let n = 40;
+            let mut dense = DenseDecoder::new(&model, 128, 2);
+            let mut want = Vec::new();
+            let mut next = argmax(dense.feed(&prompt).unwrap());
+            for _ in 0..n {
+                want.push(next);
+                next = argmax(dense.feed(&[next]).unwrap());
+            }
+            let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
+            let proposer = EagleProposer::new(head, TreeConfig { depth: 4, top_k: 3, budget: 8 });
+            let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
+            dec.feed(&prompt).unwrap();
+            let mut got = Vec::new();
+            while got.len() < n {
+                got.extend_from_slice(dec.step_at_most(n - got.len()).unwrap());
+            }
+            assert_eq!(got, want, "{arch}");
+            assert!(dec.stats().drafted_nodes > 0, "the head drafted nothing");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Generation with a speculative decoding mode (`--mode eagle|ngram`), with the same stop rules, streaming and
+//! timings as dense [`Engine::generate`], plus the speculative counters (τ, draft and verify time).
+//!
+//! Draft heads: `--draft FILE`, or the head shipped for the model: `heads/<model file stem>.draft.safetensors`
+//! in the repository (beside `models/`).
+
+use crate::error::EngineError;
+use crate::session::{find_stop, Engine, FinishReason, GenerateParams, Generation, Timings};
+use decode::speculative::{
+    DraftHead, EagleProposer, NgramProposer, Proposer, SpeculativeDecoder, SpeculativeStats, TreeConfig,
+};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tokenizer::StreamDecoder;
+
+/// How tokens are produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// One target forward per token.
+    #[default]
+    Dense,
+    /// Tree speculative decoding with a trained EAGLE-style draft head (lossless).
+    Eagle,
+    /// Tree speculative decoding with prompt lookup (lossless).
+    Ngram,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "dense" => Ok(Mode::Dense),
+            "eagle" => Ok(Mode::Eagle),
+            "ngram" => Ok(Mode::Ngram),
+            other => Err(format!("unknown mode `{other}` (dense, eagle or ngram)")),
+        }
+    }
+}
+
+/// The folder of shipped draft heads.
+pub fn heads_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../heads");
+    dir.canonicalize().unwrap_or(dir)
+}
+
+/// The shipped head for the model at `model_path` (whether or not it exists).
+pub fn default_head_path(model_path: &Path) -> PathBuf {
+    let stem = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    heads_dir().join(format!("{stem}.draft.safetensors"))
+}
+
+/// Loads a draft head (`path`, or the model's shipped one) and checks that it fits the model.
+pub fn load_head(engine: &Engine, model_path: &Path, path: Option<&Path>) -> Result<DraftHead, EngineError> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(|| default_head_path(model_path));
+    if !path.exists() {
+        return Err(EngineError::NoDraftHead(path));
+    }
+    let head = DraftHead::load(&path).map_err(|source| EngineError::DraftHead { path: path.clone(), source })?;
+    head.check_fits(&engine.model).map_err(|source| EngineError::DraftHead { path: path.clone(), source })?;
+    Ok(head)
+}
+
+/// A proposer for one of the speculative modes.
+pub enum AnyProposer {
+    Eagle(Box<EagleProposer>),
+    Ngram(NgramProposer),
+}
+
+impl Proposer for AnyProposer {
+    fn feature_source(&self) -> decode::speculative::FeatureSource {
+        match self {
+            AnyProposer::Eagle(p) => p.feature_source(),
+            AnyProposer::Ngram(p) => p.feature_source(),
+        }
+    }
+    fn propose(
+        &mut self,
+        context: &decode::speculative::DraftContext<'_>,
+        tree: &mut decode::speculative::DraftTree,
+    ) -> Result<(), decode::speculative::SpeculativeError> {
+        match self {
+            AnyProposer::Eagle(p) => p.propose(context, tree),
+            AnyProposer::Ngram(p) => p.propose(context, tree),
+        }
+    }
+}
+
+impl AnyProposer {
+    /// An EAGLE proposer with `head` and tree sizes `tree` (default: [`EagleProposer::default_tree`]).
+    pub fn eagle(head: DraftHead, tree: Option<TreeConfig>) -> AnyProposer {
+        AnyProposer::Eagle(Box::new(EagleProposer::new(head, tree.unwrap_or_else(EagleProposer::default_tree))))
+    }
+}
+
+impl Engine {
+    /// [`Engine::generate`] with tree speculative decoding: greedy output is identical to dense greedy, sampled
+    /// output follows the same distribution. Returns the speculative counters too.
+    pub fn generate_speculative(
+        &self,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        ctx: usize,
+        threads: usize,
+        proposer: AnyProposer,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<(Generation, SpeculativeStats), EngineError> {
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt_ids.len() >= ctx {
+            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
+        }
+        // Room for a whole draft tree past the last token.
+        let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
+        let mut dec = SpeculativeDecoder::new(&self.model, capacity, threads, proposer, params.sampling.clone());
+        let mut stream = StreamDecoder::default();
+        let mut text = String::new();
+        let mut generated: Vec<u32> = Vec::new();
+        let mut timings = Timings { prompt_tokens: prompt_ids.len(), ..Default::default() };
+        let t0 = Instant::now();
+        // The last prompt token is the first step's root: the first step's verification yields token 1.
+        dec.feed(prompt_ids).map_err(speculative_error)?;
+        timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut finish = FinishReason::Length;
+        'outer: while generated.len() < params.max_tokens {
+            if dec.tokens().len() + 1 >= capacity {
+                break;
+            }
+            let step = dec.step_at_most(params.max_tokens - generated.len()).map_err(speculative_error)?.to_vec();
+            for next in step {
+                if params.stop_at_eog && self.tokenizer.is_eog(next) {
+                    finish = FinishReason::Stop;
+                    break 'outer;
+                }
+                generated.push(next);
+                let piece = stream.push(&self.tokenizer, next);
+                text.push_str(&piece);
+                if let Some(cut) = find_stop(&text, &params.stop) {
+                    text.truncate(cut);
+                    finish = FinishReason::Stop;
+                    break 'outer;
+                }
+                if !piece.is_empty() && !on_text(&piece) {
+                    finish = FinishReason::Cancelled;
+                    break 'outer;
+                }
+            }
+        }
+        timings.decode_seconds = t1.elapsed().as_secs_f64();
+        timings.decode_tokens = generated.len();
+        if finish != FinishReason::Stop || params.stop.is_empty() {
+            let rest = stream.flush();
+            if !rest.is_empty() {
+                on_text(&rest);
+                text.push_str(&rest);
+            }
+        }
+        let stats = *dec.stats();
+        Ok((Generation { prompt_ids: prompt_ids.to_vec(), generated_ids: generated, text, finish, timings }, stats))
+    }
+}
+
+fn speculative_error(e: decode::speculative::SpeculativeError) -> EngineError {
+    match e {
+        decode::speculative::SpeculativeError::Model(m) => EngineError::Model(m),
+        other => EngineError::Speculative(other.to_string()),
+    }
+}

@@ -1,0 +1,409 @@
+//! # train — training the small networks specee runs beside a model (candle autograd on CPU)
+//!
+//! - [`data`]: collects training data by running the target model itself (its greedy answers to chat
+//!   prompts and its reading of raw text), keeping the feature (final-normed hidden state) at every position.
+//! - [`head`]: the EAGLE-style draft head as a candle network (same computation as
+//!   [`decode::speculative::eagle`], which runs it at inference on our kernels) and its safetensors file.
+//! - [`train_draft`]: the training loop — reduced draft vocabulary (the N most frequent tokens of the
+//!   training data), a loss on the draft's token choice (cross-entropy against the next token) plus a
+//!   smooth-L1 loss on its predicted feature, unrolled over `steps` draft steps that feed on their own
+//!   predicted features as the tree does at inference; AdamW; held-out acceptance printed per epoch; a
+//!   checkpoint after every epoch, from which a rerun resumes.
+
+pub mod data;
+pub mod head;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use data::DraftData;
+use head::{HeadNet, HeadShape, Lcg};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What can go wrong while collecting data or training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+    #[error("{file}:{line}: {why}")]
+    BadRecord { file: String, line: usize, why: String },
+    #[error("{0}")]
+    Format(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Engine(#[from] engine::EngineError),
+    #[error(transparent)]
+    Speculative(#[from] decode::speculative::SpeculativeError),
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Settings of [`train_draft`].
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// Draft vocabulary size N.
+    pub vocab: usize,
+    /// Feed-forward width of the head.
+    pub ff: usize,
+    pub epochs: usize,
+    pub batch: usize,
+    pub lr: f64,
+    /// Draft steps unrolled per sample (1 = teacher-forced only).
+    pub steps: usize,
+    /// Weight of the feature (smooth-L1) loss against the token (cross-entropy) loss.
+    pub reg_weight: f64,
+    pub seed: u64,
+    /// Held-out positions evaluated per epoch.
+    pub eval_positions: usize,
+    /// Checkpoint path (resumed from when present).
+    pub checkpoint: PathBuf,
+    /// Show progress bars.
+    pub progress: bool,
+}
+
+/// Held-out acceptance of a head, teacher-forced at the first step.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Acceptance {
+    /// Step 1 (target feature in): the draft's top token equals the next token.
+    pub top1: f64,
+    /// Step 1: the next token is among the draft's top 3.
+    pub top3: f64,
+    /// Step 2 (the draft's own predicted feature in, after a correct step 1): top token right.
+    pub top1_step2: f64,
+}
+
+impl Acceptance {
+    /// A rough chain acceptance length: 1 + p1 + p1·p2 + p1·p2² + … over `depth` steps.
+    pub fn chain_tau(&self, depth: usize) -> f64 {
+        let (mut tau, mut p) = (1.0, 1.0);
+        for k in 0..depth {
+            p *= if k == 0 { self.top1 } else { self.top1_step2 };
+            tau += p;
+        }
+        tau
+    }
+}
+
+/// The draft vocabulary: the `n` most frequent tokens of `data` (ties to the lower id), as target ids.
+pub fn draft_vocabulary(data: &DraftData, n: usize) -> Vec<u32> {
+    let mut counts: HashMap<u32, u64> = HashMap::new();
+    for &t in &data.tokens {
+        *counts.entry(t).or_default() += 1;
+    }
+    let mut by_count: Vec<(u32, u64)> = counts.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut vocab: Vec<u32> = by_count.into_iter().take(n).map(|(t, _)| t).collect();
+    vocab.sort_unstable();
+    vocab
+}
+
+/// Positions `i` with room for `steps` unrolled draft steps inside their sequence.
+fn sample_positions(data: &DraftData, steps: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    for s in 0..data.n_sequences() {
+        let r = data.sequence(s);
+        // Step k reads token i+1+k, feature i+k (input) and i+1+k (target), label token i+2+k; the last
+        // token's feature row does not exist.
+        for i in r.start..r.end.saturating_sub(steps + 1) {
+            out.push(i as u32);
+        }
+    }
+    out
+}
+
+/// Embeddings of every token of the data, compactly (the target's embedding is frozen).
+struct EmbTable {
+    index: HashMap<u32, usize>,
+    rows: Vec<f32>,
+    d: usize,
+}
+
+impl EmbTable {
+    fn new(model: &model::Model, sets: &[&DraftData]) -> Result<EmbTable, TrainError> {
+        let d = model.config.n_embd;
+        let mut index = HashMap::new();
+        let mut ids = Vec::new();
+        for set in sets {
+            for &t in &set.tokens {
+                index.entry(t).or_insert_with(|| {
+                    ids.push(t);
+                    ids.len() - 1
+                });
+            }
+        }
+        let mut rows = vec![0f32; ids.len() * d];
+        model.embed(&ids, &mut rows)?;
+        Ok(EmbTable { index, rows, d })
+    }
+    fn row(&self, t: u32) -> &[f32] {
+        let i = self.index[&t];
+        &self.rows[i * self.d..(i + 1) * self.d]
+    }
+}
+
+/// One batch, step-major.
+struct Batch {
+    feat0: Tensor,
+    emb: Vec<Tensor>,
+    target: Vec<Tensor>,
+    label: Vec<Tensor>,
+    mask: Vec<Tensor>,
+}
+
+fn make_batch(
+    data: &DraftData,
+    table: &EmbTable,
+    t2d: &HashMap<u32, u32>,
+    positions: &[u32],
+    steps: usize,
+) -> Result<Batch, TrainError> {
+    let (b, d) = (positions.len(), data.d);
+    let dev = Device::Cpu;
+    let mut feat0 = vec![0f32; b * d];
+    for (r, &i) in positions.iter().enumerate() {
+        data.feature(i as usize, &mut feat0[r * d..(r + 1) * d]);
+    }
+    let mut batch = Batch {
+        feat0: Tensor::from_vec(feat0, (b, d), &dev)?,
+        emb: Vec::new(),
+        target: Vec::new(),
+        label: Vec::new(),
+        mask: Vec::new(),
+    };
+    for k in 0..steps {
+        let (mut emb, mut target) = (vec![0f32; b * d], vec![0f32; b * d]);
+        let (mut label, mut mask) = (vec![0u32; b], vec![0f32; b]);
+        for (r, &i) in positions.iter().enumerate() {
+            let i = i as usize;
+            emb[r * d..(r + 1) * d].copy_from_slice(table.row(data.tokens[i + 1 + k]));
+            data.feature(i + 1 + k, &mut target[r * d..(r + 1) * d]);
+            if let Some(&j) = t2d.get(&data.tokens[i + 2 + k]) {
+                label[r] = j;
+                mask[r] = 1.0;
+            }
+        }
+        batch.emb.push(Tensor::from_vec(emb, (b, d), &dev)?);
+        batch.target.push(Tensor::from_vec(target, (b, d), &dev)?);
+        batch.label.push(Tensor::from_vec(label, b, &dev)?);
+        batch.mask.push(Tensor::from_vec(mask, b, &dev)?);
+    }
+    Ok(batch)
+}
+
+/// Masked mean cross-entropy of `logits` `[B, N]` against `label` `[B]`.
+fn cross_entropy(logits: &Tensor, label: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let lp = candle_nn::ops::log_softmax(logits, 1)?;
+    let picked = lp.gather(&label.unsqueeze(1)?, 1)?.squeeze(1)?;
+    let n = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
+    (picked * mask)?.sum_all()?.affine(-1.0 / n as f64, 0.0)
+}
+
+/// Mean smooth-L1 (Huber, δ = 1) distance.
+fn smooth_l1(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    let ad = (a - b)?.abs()?;
+    let quad = (ad.sqr()? * 0.5)?;
+    let lin = (&ad - 0.5)?;
+    ad.lt(1.0)?.where_cond(&quad, &lin)?.mean_all()
+}
+
+/// Runs the head over `steps` unrolled steps; returns the loss and, per step, the logits.
+fn unroll(net: &HeadNet, batch: &Batch, steps: usize, reg_weight: f64) -> candle_core::Result<(Tensor, Vec<Tensor>)> {
+    let mut feat = batch.feat0.clone();
+    let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
+    let mut all_logits = Vec::new();
+    for k in 0..steps {
+        let out = net.step(&batch.emb[k], &feat)?;
+        let ce = cross_entropy(&out.logits, &batch.label[k], &batch.mask[k])?;
+        let reg = smooth_l1(&out.features, &batch.target[k])?;
+        loss = (loss + ce + (reg * reg_weight)?)?;
+        feat = out.features;
+        all_logits.push(out.logits);
+    }
+    Ok(((loss / steps as f64)?, all_logits))
+}
+
+/// Held-out acceptance on up to `n` positions (deterministic choice).
+fn evaluate(
+    net: &HeadNet,
+    data: &DraftData,
+    table: &EmbTable,
+    t2d: &HashMap<u32, u32>,
+    n: usize,
+) -> Result<(Acceptance, f64), TrainError> {
+    let mut positions = sample_positions(data, 2);
+    let stride = (positions.len() / n.max(1)).max(1);
+    positions = positions.into_iter().step_by(stride).take(n).collect();
+    let (mut top1, mut top3, mut both, mut loss_sum, mut batches) = (0usize, 0usize, 0usize, 0f64, 0usize);
+    for chunk in positions.chunks(512) {
+        let batch = make_batch(data, table, t2d, chunk, 2)?;
+        let (loss, logits) = unroll(net, &batch, 2, 0.0)?;
+        loss_sum += loss.to_scalar::<f32>()? as f64;
+        batches += 1;
+        let l0 = logits[0].to_vec2::<f32>()?;
+        let l1 = logits[1].to_vec2::<f32>()?;
+        let labels0 = batch.label[0].to_vec1::<u32>()?;
+        let labels1 = batch.label[1].to_vec1::<u32>()?;
+        let masks0 = batch.mask[0].to_vec1::<f32>()?;
+        let masks1 = batch.mask[1].to_vec1::<f32>()?;
+        for r in 0..chunk.len() {
+            let best = |row: &[f32]| (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a))).unwrap();
+            let ok0 = masks0[r] > 0.0 && best(&l0[r]) as u32 == labels0[r];
+            let l = labels0[r] as usize;
+            let rank = l0[r].iter().filter(|&&v| v > l0[r][l]).count();
+            top1 += ok0 as usize;
+            top3 += (masks0[r] > 0.0 && rank < 3) as usize;
+            both += (ok0 && masks1[r] > 0.0 && best(&l1[r]) as u32 == labels1[r]) as usize;
+        }
+    }
+    let total = positions.len().max(1) as f64;
+    let acc = Acceptance {
+        top1: top1 as f64 / total,
+        top3: top3 as f64 / total,
+        top1_step2: if top1 > 0 { both as f64 / top1 as f64 } else { 0.0 },
+    };
+    Ok((acc, loss_sum / batches.max(1) as f64))
+}
+
+/// What [`train_draft`] reports.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    pub epochs_run: usize,
+    pub train_positions: usize,
+    pub heldout: Acceptance,
+    pub seconds: f64,
+}
+
+/// Trains a draft head for `model` on `train` (evaluating on `heldout` after every epoch) and writes it to
+/// `out` (F16). Resumes from `opts.checkpoint` when it exists.
+pub fn train_draft(
+    model: &model::Model,
+    train: &DraftData,
+    heldout: &DraftData,
+    out: &Path,
+    opts: &TrainOptions,
+    mut metadata: HashMap<String, String>,
+) -> Result<TrainReport, TrainError> {
+    let d = model.config.n_embd;
+    if train.d != d || heldout.d != d {
+        return Err(TrainError::Invalid(format!(
+            "data has hidden size {} / {}, the model {d}: collected with another model?",
+            train.d, heldout.d
+        )));
+    }
+    let start = Instant::now();
+    let vocab = draft_vocabulary(train, opts.vocab);
+    let t2d: HashMap<u32, u32> = vocab.iter().enumerate().map(|(j, &t)| (t, j as u32)).collect();
+    let shape = HeadShape { d, ff: opts.ff, vocab: vocab.len() };
+    let mut head_rows = vec![0f32; vocab.len() * d];
+    for (j, &t) in vocab.iter().enumerate() {
+        model.head_row(t, &mut head_rows[j * d..(j + 1) * d])?;
+    }
+    let net = HeadNet::new(shape, model.config.rms_eps as f64, &head_rows, opts.seed)?;
+    let mut first_epoch = 0;
+    if opts.checkpoint.exists() {
+        let (meta, ckpt_vocab) = net.load_into(&opts.checkpoint)?;
+        if ckpt_vocab != vocab {
+            return Err(TrainError::Invalid(format!(
+                "checkpoint {} was made with another draft vocabulary (different data or --vocab); remove it",
+                opts.checkpoint.display()
+            )));
+        }
+        first_epoch = meta.get("epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
+        eprintln!("resuming from {} after epoch {first_epoch}", opts.checkpoint.display());
+    }
+    let table = EmbTable::new(model, &[train, heldout])?;
+    let mut positions = sample_positions(train, opts.steps);
+    if positions.is_empty() {
+        return Err(TrainError::Invalid("no training positions (sequences too short?)".into()));
+    }
+    let mut opt = AdamW::new(net.vars(), ParamsAdamW { lr: opts.lr, weight_decay: 0.0, ..Default::default() })?;
+    let mut rng = Lcg(opts.seed ^ 0x5eed);
+    let (before, before_loss) = evaluate(&net, heldout, &table, &t2d, opts.eval_positions)?;
+    eprintln!(
+        "draft vocabulary {} tokens; {} training positions; held-out before: loss {before_loss:.3}, top-1 {:.3}, \
+         top-3 {:.3}, step-2 top-1 {:.3}",
+        vocab.len(),
+        positions.len(),
+        before.top1,
+        before.top3,
+        before.top1_step2
+    );
+    let mut last = before;
+    for epoch in first_epoch..opts.epochs {
+        // Fisher–Yates with the epoch's own seed, so a resumed run sees the same order.
+        let mut erng = Lcg(opts.seed.wrapping_add(epoch as u64 * 7919));
+        for i in (1..positions.len()).rev() {
+            let j = (erng.next_u64() % (i as u64 + 1)) as usize;
+            positions.swap(i, j);
+        }
+        let n_batches = positions.len().div_ceil(opts.batch);
+        let bar = progress_bar(opts.progress, n_batches as u64, &format!("epoch {}/{}", epoch + 1, opts.epochs));
+        let (mut loss_sum, mut seen) = (0f64, 0usize);
+        for chunk in positions.chunks(opts.batch) {
+            let batch = make_batch(train, &table, &t2d, chunk, opts.steps)?;
+            let (loss, _) = unroll(&net, &batch, opts.steps, opts.reg_weight)?;
+            opt.backward_step(&loss)?;
+            loss_sum += loss.to_scalar::<f32>()? as f64;
+            seen += 1;
+            bar.set_message(format!("loss {:.3}", loss_sum / seen as f64));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let (acc, heldout_loss) = evaluate(&net, heldout, &table, &t2d, opts.eval_positions)?;
+        last = acc;
+        eprintln!(
+            "epoch {}/{}: train loss {:.3} | held-out loss {heldout_loss:.3}, top-1 {:.3}, top-3 {:.3}, step-2 top-1 \
+             {:.3}, chain τ≈{:.2} | {:.0} s",
+            epoch + 1,
+            opts.epochs,
+            loss_sum / seen.max(1) as f64,
+            acc.top1,
+            acc.top3,
+            acc.top1_step2,
+            acc.chain_tau(4),
+            start.elapsed().as_secs_f64()
+        );
+        let ckpt_meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
+        net.save(&opts.checkpoint, &vocab, DType::F32, ckpt_meta)?;
+        let _ = rng.next_u64();
+    }
+    let report = TrainReport {
+        epochs_run: opts.epochs.saturating_sub(first_epoch),
+        train_positions: positions.len(),
+        heldout: last,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    metadata.insert("epochs".into(), opts.epochs.to_string());
+    metadata.insert("train_positions".into(), positions.len().to_string());
+    metadata.insert("heldout_top1".into(), format!("{:.4}", last.top1));
+    metadata.insert("heldout_top3".into(), format!("{:.4}", last.top3));
+    metadata.insert("heldout_step2_top1".into(), format!("{:.4}", last.top1_step2));
+    metadata.insert(
+        "settings".into(),
+        format!(
+            "vocab={} ff={} batch={} lr={} steps={} reg_weight={} seed={}",
+            opts.vocab, opts.ff, opts.batch, opts.lr, opts.steps, opts.reg_weight, opts.seed
+        ),
+    );
+    net.save(out, &vocab, DType::F16, metadata)?;
+    Ok(report)
+}
+
+/// A progress bar on stderr (hidden when `show` is false).
+pub fn progress_bar(show: bool, len: u64, prefix: &str) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({eta} left)")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(prefix.to_string());
+    bar
+}
