@@ -54,19 +54,19 @@ pub(crate) struct Acts<'a> {
     pub dexp: &'a [f32],
     pub s: &'a [f32],
     /// Q8_0/Q8_1, blocks taken in pairs (A, B) = (2k, 2k+1): per pair 64 bytes
-    /// `[A y0..16, B y0..16, A y16..32, B y16..32]` (one nibble-unpacked register of two Q4 blocks); an
-    /// odd last block keeps the plain layout. Row `t` starts at `t * cols`.
+    /// `[A y0..16, B y0..16, A y16..32, B y16..32]` (one nibble-unpacked register of two Q4 blocks),
+    /// **interleaved across the token rows**: pair `k` of token `t` starts at `(k * stride + t) * 64`, so the
+    /// rows of a tile sit next to each other (one pointer, constant offsets). An odd last block keeps the
+    /// plain layout, at `npairs * stride * 64 + t * 32`.
     pub qp: &'a [i8],
-    /// Q8_0/Q8_1: per pair 8 floats `[dA x4, dB x4]`; row `t` starts at `t * nb * 4`.
+    /// Q8_0/Q8_1: per pair 8 floats `[dA x4, dB x4]`, interleaved as `qp`: at `(k * stride + t) * 8`.
     pub dp4: &'a [f32],
-    /// Q8_0/Q8_1: per pair 8 floats `[dA, dA, dB, dB, dA, dA, dB, dB]`; row `t` starts at `t * nb * 4`.
-    pub dp2: &'a [f32],
-    /// Q8_1: per block 2 floats `[0, s]`; row `t` starts at `t * nb * 2`.
-    pub s2: &'a [f32],
     pub bsums: &'a [i16],
     pub f: &'a [f32],
     pub cols: usize,
     pub nb: usize,
+    /// Token rows the interleaved buffers (`qp`, `dp4`) were laid out for.
+    pub stride: usize,
 }
 
 /// Growable buffers behind [`Acts`].
@@ -79,10 +79,10 @@ pub(crate) struct ActBuffers {
     pub s: Vec<f32>,
     pub qp: Vec<i8>,
     pub dp4: Vec<f32>,
-    pub dp2: Vec<f32>,
-    pub s2: Vec<f32>,
     pub bsums: Vec<i16>,
     pub f: Vec<f32>,
+    /// Token rows of the current layout (set by `reserve`).
+    pub stride: usize,
 }
 
 /// Raw pointers into the [`ActBuffers`] (taken once, so threads never form references to the vectors
@@ -96,8 +96,6 @@ pub(crate) struct ActPtr {
     s: (*mut f32, usize),
     qp: (*mut i8, usize),
     dp4: (*mut f32, usize),
-    dp2: (*mut f32, usize),
-    s2: (*mut f32, usize),
     bsums: (*mut i16, usize),
     f: (*mut f32, usize),
 }
@@ -116,8 +114,6 @@ impl ActPtr {
             s: raw(&mut b.s),
             qp: raw(&mut b.qp),
             dp4: raw(&mut b.dp4),
-            dp2: raw(&mut b.dp2),
-            s2: raw(&mut b.s2),
             bsums: raw(&mut b.bsums),
             f: raw(&mut b.f),
         }
@@ -144,8 +140,10 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
 }
 
 impl ActBuffers {
-    /// Makes room for `n_tokens` rows of `cols` elements in format `kind` (never shrinks).
+    /// Makes room for `n_tokens` rows of `cols` elements in format `kind` (never shrinks) and lays the
+    /// interleaved buffers out for `n_tokens` rows.
     pub fn reserve(&mut self, kind: ActKind, n_tokens: usize, cols: usize) {
+        self.stride = n_tokens;
         match kind {
             ActKind::F32 => {}
             ActKind::F16 | ActKind::BF16 => grow(&mut self.f, n_tokens * cols),
@@ -157,8 +155,6 @@ impl ActBuffers {
                 grow(&mut self.s, n_tokens * cols / QK);
                 grow(&mut self.qp, n_tokens * cols);
                 grow(&mut self.dp4, n_tokens * cols / QK * 4);
-                grow(&mut self.dp2, n_tokens * cols / QK * 4);
-                grow(&mut self.s2, n_tokens * cols / QK * 2);
             }
             ActKind::Q8K => {
                 grow(&mut self.qs, n_tokens * cols);
@@ -169,12 +165,13 @@ impl ActBuffers {
     }
 
     /// Quantizes token rows `tokens` of `x` (each `cols` long) into the buffers. `reserve` must have
-    /// been called for at least `tokens.end` rows.
+    /// been called for at least `tokens.end` rows (and the layout is the one `reserve` chose).
     pub fn quantize_tokens(&mut self, kind: ActKind, x: &[f32], cols: usize, tokens: std::ops::Range<usize>) {
-        let me = ActPtr::new(self);
+        assert!(tokens.end <= self.stride || tokens.is_empty(), "activation buffer reserved for fewer rows");
+        let (me, stride) = (ActPtr::new(self), self.stride);
         for t in tokens {
             // SAFETY: `me` points into `self`, borrowed mutably for this call; one row at a time.
-            unsafe { quantize_token(me, kind, x, cols, t) };
+            unsafe { quantize_token(me, kind, x, cols, t, stride) };
         }
     }
 
@@ -193,12 +190,13 @@ impl ActBuffers {
             self.quantize_tokens(kind, x, cols, 0..n_tokens);
             return;
         }
-        let me = ActPtr::new(self);
+        assert!(n_tokens <= self.stride, "activation buffer reserved for fewer rows");
+        let (me, stride) = (ActPtr::new(self), self.stride);
         crate::pool::parallel_for(pool, n_tokens, |range| {
             for t in range {
                 // SAFETY: every token row is quantized by exactly one thread and writes only that
                 // row's elements; `self` is exclusively borrowed for the duration of this call.
-                unsafe { quantize_token(me, kind, x, cols, t) };
+                unsafe { quantize_token(me, kind, x, cols, t, stride) };
             }
         });
     }
@@ -222,22 +220,22 @@ impl ActBuffers {
             s: &self.s,
             qp: &self.qp,
             dp4: &self.dp4,
-            dp2: &self.dp2,
-            s2: &self.s2,
             bsums: &self.bsums,
             f,
             cols,
             nb,
+            stride: self.stride,
         }
     }
 }
 
-/// Quantizes token row `t` of `x` into the buffers behind `me` (see [`ActBuffers::quantize_tokens`]).
+/// Quantizes token row `t` of `x` into the buffers behind `me` (see [`ActBuffers::quantize_tokens`]), the
+/// interleaved buffers laid out for `stride` rows.
 ///
 /// # Safety
-/// `me` must point at live buffers reserved for more than `t` rows, and no other thread may access
+/// `me` must point at live buffers reserved for `stride > t` rows, and no other thread may access
 /// row `t`'s elements (or resize the buffers) during the call.
-unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: usize) {
+unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: usize, stride: usize) {
     let b = me;
     let xr = &x[t * cols..(t + 1) * cols];
     match kind {
@@ -268,27 +266,19 @@ unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: u
             for (e, &dv) in dexp.chunks_exact_mut(8).zip(d.iter()) {
                 e.fill(dv);
             }
-            let qp = part(b.qp, t * cols, cols);
-            let dp4 = part(b.dp4, t * nb * 4, nb * 4);
-            let dp2 = part(b.dp2, t * nb * 4, nb * 4);
-            for k in 0..nb / 2 {
+            let npairs = nb / 2;
+            for k in 0..npairs {
                 let (ya, yb) = (&qs[64 * k..64 * k + 32], &qs[64 * k + 32..64 * k + 64]);
-                let o = &mut qp[64 * k..64 * k + 64];
+                let o = part(b.qp, (k * stride + t) * 64, 64);
                 o[..16].copy_from_slice(&ya[..16]);
                 o[16..32].copy_from_slice(&yb[..16]);
                 o[32..48].copy_from_slice(&ya[16..]);
                 o[48..].copy_from_slice(&yb[16..]);
                 let (da, db) = (d[2 * k], d[2 * k + 1]);
-                dp4[8 * k..8 * k + 8].copy_from_slice(&[da, da, da, da, db, db, db, db]);
-                dp2[8 * k..8 * k + 8].copy_from_slice(&[da, da, db, db, da, da, db, db]);
+                part(b.dp4, (k * stride + t) * 8, 8).copy_from_slice(&[da, da, da, da, db, db, db, db]);
             }
             if nb % 2 == 1 {
-                qp[cols - 32..].copy_from_slice(&qs[cols - 32..]);
-            }
-            let s2 = part(b.s2, t * nb * 2, nb * 2);
-            for (o, &sv) in s2.chunks_exact_mut(2).zip(s.iter()) {
-                o[0] = 0.0;
-                o[1] = sv;
+                part(b.qp, npairs * stride * 64 + t * 32, 32).copy_from_slice(&qs[cols - 32..]);
             }
         }
         ActKind::Q8K => {
