@@ -54,6 +54,9 @@ pub struct Model {
     rope_inv_swa: Vec<f32>,
 }
 
+/// Elements per work item of the parallel gate activation.
+const ACT_CHUNK: usize = 512;
+
 /// Batches of at least this many rows take llama.cpp's tiled flash-attention path (`GGML_FA_TILE_Q`).
 const FA_TILE_Q: usize = 64;
 
@@ -279,9 +282,17 @@ impl Model {
             Activation::Silu => silu,
             Activation::GeluTanh => gelu_tanh,
         };
-        for (g, &u) in ws.gate[..n * ff].iter_mut().zip(&ws.up[..n * ff]) {
-            *g = act(*g) * u;
-        }
+        // Element-wise, so split across the pool (libm's expf/tanhf cost ~100-200 instructions per element:
+        // 9% of a Gemma 8-row forward in callgrind when run on one thread).
+        let (gate, up, len) = (SharedMut(ws.gate.as_mut_ptr()), &ws.up[..n * ff], n * ff);
+        pool.run_items(len.div_ceil(ACT_CHUNK), &|i| {
+            let range = i * ACT_CHUNK..((i + 1) * ACT_CHUNK).min(len);
+            // SAFETY: `gate` holds n * ff elements; items are disjoint ranges of it.
+            let g = unsafe { std::slice::from_raw_parts_mut(gate.get().add(range.start), range.len()) };
+            for (g, &u) in g.iter_mut().zip(&up[range]) {
+                *g = act(*g) * u;
+            }
+        });
         matmul(pool, &self.qmatrix(&lw.w_down), &ws.gate[..n * ff], n, &mut ws.o[..n * d], &mut ws.mm);
         self.residual(x, &mut ws.o[..n * d], lw.post_ffn_norm.as_deref(), n);
         Ok(())
