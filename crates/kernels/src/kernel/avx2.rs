@@ -64,6 +64,33 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// `out[j] = hsum(acc[j])` for every `j < N`, bit-identical to [`hsum`] (the same association
+/// `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`); for a full tile of 8 the sums are formed in a transposed
+/// tree (21 vector operations and one store instead of eight separate reductions).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsums<const N: usize>(acc: &[__m256; N], out: &mut [f32]) {
+    if N != 8 {
+        for j in 0..N {
+            out[j] = hsum(acc[j]);
+        }
+        return;
+    }
+    // [x0+x4, x1+x5, x2+x6, x3+x7 | y0+y4, ...] for the pairs (x, y) = (acc[2i], acc[2i+1]).
+    let fold = |x: __m256, y: __m256| {
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(x, y), _mm256_permute2f128_ps::<0x31>(x, y))
+    };
+    let (t01, t23, t45, t67) = (fold(acc[0], acc[1]), fold(acc[2], acc[3]), fold(acc[4], acc[5]), fold(acc[6], acc[7]));
+    // [s0+s2, s1+s3] per accumulator: p = [A0, A1, C0, C1 | B0, B1, D0, D1], q likewise for E..H.
+    let p = _mm256_add_ps(_mm256_shuffle_ps::<0b01_00_01_00>(t01, t23), _mm256_shuffle_ps::<0b11_10_11_10>(t01, t23));
+    let q = _mm256_add_ps(_mm256_shuffle_ps::<0b01_00_01_00>(t45, t67), _mm256_shuffle_ps::<0b11_10_11_10>(t45, t67));
+    // [A, C, E, G | B, D, F, H] = (s0+s2) + (s1+s3), then back to token order.
+    let r = _mm256_add_ps(_mm256_shuffle_ps::<0b10_00_10_00>(p, q), _mm256_shuffle_ps::<0b11_01_11_01>(p, q));
+    let r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    assert!(out.len() >= 8);
+    _mm256_storeu_ps(out.as_mut_ptr(), r);
+}
+
 /// 32 bytes, 0xFF where the corresponding bit of `bits` is set (ggml's `bytes_from_bits_32`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -235,8 +262,9 @@ unsafe fn pairs<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
                 *tl = isum * (d * dy) + cm * sy;
             }
         }
+        hsums(&acc, &mut out[r * N..(r + 1) * N]);
         for j in 0..N {
-            out[r * N + j] = hsum(acc[j]) + tail[j];
+            out[r * N + j] += tail[j];
         }
     }
 }
@@ -297,9 +325,7 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_mul_ps(dx, dy), *acc);
             }
         }
-        for j in 0..N {
-            out[r * N + j] = hsum(acc[j]);
-        }
+        hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
 }
 
@@ -393,9 +419,7 @@ unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0:
                 seg_start = b_end;
             }
         }
-        for j in 0..N {
-            out[r * N + j] = hsum(acc[j]);
-        }
+        hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
 }
 
@@ -459,9 +483,7 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
                 *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dy * dmin), *acc);
             }
         }
-        for j in 0..N {
-            out[r * N + j] = hsum(acc[j]);
-        }
+        hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
 }
 
@@ -516,9 +538,7 @@ unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dy * d), *acc);
             }
         }
-        for j in 0..N {
-            out[r * N + j] = hsum(acc[j]);
-        }
+        hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
 }
 
