@@ -59,6 +59,10 @@ pub(crate) struct Acts<'a> {
     /// rows of a tile sit next to each other (one pointer, constant offsets). An odd last block keeps the
     /// plain layout, at `npairs * stride * 64 + t * 32`.
     pub qp: &'a [i8],
+    /// Q8_0: the pairs widened to i16 for `vpmaddwd`, interleaved as `qp`: pair `k` of token `t` at
+    /// `(k * stride + t) * 64`, as four 16-lane groups `[A e0..8, B e0..8]`, `[A e8..16, B e8..16]`,
+    /// `[A e16..24, B e16..24]`, `[A e24..32, B e24..32]` (an odd last block uses `qp`).
+    pub qw: &'a [i16],
     /// Q8_0/Q8_1: per pair 8 floats `[dA x4, dB x4]`, interleaved as `qp`: at `(k * stride + t) * 8`.
     pub dp4: &'a [f32],
     pub bsums: &'a [i16],
@@ -78,6 +82,7 @@ pub(crate) struct ActBuffers {
     pub dexp: Vec<f32>,
     pub s: Vec<f32>,
     pub qp: Vec<i8>,
+    pub qw: Vec<i16>,
     pub dp4: Vec<f32>,
     pub bsums: Vec<i16>,
     pub f: Vec<f32>,
@@ -95,6 +100,7 @@ pub(crate) struct ActPtr {
     dexp: (*mut f32, usize),
     s: (*mut f32, usize),
     qp: (*mut i8, usize),
+    qw: (*mut i16, usize),
     dp4: (*mut f32, usize),
     bsums: (*mut i16, usize),
     f: (*mut f32, usize),
@@ -113,6 +119,7 @@ impl ActPtr {
             dexp: raw(&mut b.dexp),
             s: raw(&mut b.s),
             qp: raw(&mut b.qp),
+            qw: raw(&mut b.qw),
             dp4: raw(&mut b.dp4),
             bsums: raw(&mut b.bsums),
             f: raw(&mut b.f),
@@ -154,6 +161,9 @@ impl ActBuffers {
                 grow(&mut self.dexp, n_tokens * cols / QK * 8);
                 grow(&mut self.s, n_tokens * cols / QK);
                 grow(&mut self.qp, n_tokens * cols);
+                if kind == ActKind::Q8_0 {
+                    grow(&mut self.qw, n_tokens * cols);
+                }
                 grow(&mut self.dp4, n_tokens * cols / QK * 4);
             }
             ActKind::Q8K => {
@@ -219,6 +229,7 @@ impl ActBuffers {
             dexp: &self.dexp,
             s: &self.s,
             qp: &self.qp,
+            qw: &self.qw,
             dp4: &self.dp4,
             bsums: &self.bsums,
             f,
@@ -276,6 +287,15 @@ unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: u
                 o[48..].copy_from_slice(&yb[16..]);
                 let (da, db) = (d[2 * k], d[2 * k + 1]);
                 part(b.dp4, (k * stride + t) * 8, 8).copy_from_slice(&[da, da, da, da, db, db, db, db]);
+                if kind == ActKind::Q8_0 {
+                    let o = part(b.qw, (k * stride + t) * 64, 64);
+                    for g in 0..4 {
+                        for e in 0..8 {
+                            o[16 * g + e] = ya[8 * g + e] as i16;
+                            o[16 * g + 8 + e] = yb[8 * g + e] as i16;
+                        }
+                    }
+                }
             }
             if nb % 2 == 1 {
                 part(b.qp, npairs * stride * 64 + t * 32, 32).copy_from_slice(&qs[cols - 32..]);

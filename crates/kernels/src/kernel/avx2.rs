@@ -262,26 +262,30 @@ unsafe fn pairs<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
                 *tl = isum * (d * dy) + cm * sy;
             }
         }
-        hsums(&acc, &mut out[r * N..(r + 1) * N]);
-        for j in 0..N {
-            out[r * N + j] += tail[j];
+        let o = &mut out[r * N..(r + 1) * N];
+        hsums(&acc, o);
+        if nb % 2 == 1 {
+            for (o, t) in o.iter_mut().zip(tail) {
+                *o += t;
+            }
         }
     }
 }
 
-/// Q8_0 rows × `N` activation rows, two blocks per step, on the same interleaved pair layout as [`pairs`]:
-/// the weight blocks A and B are recombined once per tile into `[A e0..16, B e0..16]` and
-/// `[A e16..32, B e16..32]`; per token the sign trick (`|w|` × `sign(y, w)`), two `vpmaddubsw`, two
-/// `vpmaddwd` (the i16 pair sums cannot be added before widening: 2·2·127² > 2^15), one add giving
-/// `[A x4 | B x4]`, one conversion and one FMA with `[dA·dyA x4 | dB·dyB x4]`.
+/// Q8_0 rows × `N` activation rows, two blocks per step, on i16 lanes: per tile the weight blocks A and B
+/// are widened once into four registers `[A e0..8 | B e0..8]` … `[A e24..32 | B e24..32]`; per token four
+/// `vpmaddwd` against the activations' matching i16 groups (`Acts::qw`, memory operands) and three adds
+/// give `[A x4 | B x4]` (exact integer block sums, as the sign trick gave), then one conversion and one
+/// FMA with `[dA·dyA x4 | dB·dyB x4]`: 10 instructions per token and pair instead of 14.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
     let (nb, stride) = (a.nb, a.stride);
     let npairs = nb / 2;
     assert!(t0 + N <= stride && a.qp.len() >= stride * a.cols && a.dp4.len() >= npairs * stride * 8);
+    assert!(a.qw.len() >= npairs * stride * 64);
     let ones = _mm256_set1_epi16(1);
     let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    let ybase = a.qp.as_ptr().add(t0 * 64);
+    let ybase = a.qw.as_ptr().add(t0 * 64);
     let dbase = a.dp4.as_ptr().add(t0 * 8);
     for (r, row) in w.chunks_exact(rb).enumerate() {
         let row = row.as_ptr();
@@ -291,22 +295,28 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
             let pb = pa.add(34);
             let dd = (pa as *const u16).read_unaligned() as u32 | (((pb as *const u16).read_unaligned() as u32) << 16);
             let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dd as i32))), idx);
-            let wa = _mm256_loadu_si256(pa.add(2) as *const __m256i);
-            let wb = _mm256_loadu_si256(pb.add(2) as *const __m256i);
-            let w0 = _mm256_permute2x128_si256::<0x20>(wa, wb);
-            let w1 = _mm256_permute2x128_si256::<0x31>(wa, wb);
-            let u0 = _mm256_sign_epi8(w0, w0);
-            let u1 = _mm256_sign_epi8(w1, w1);
+            let a0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pa.add(2) as *const __m128i));
+            let a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pa.add(18) as *const __m128i));
+            let b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pb.add(2) as *const __m128i));
+            let b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pb.add(18) as *const __m128i));
+            let w0 = _mm256_permute2x128_si256::<0x20>(a0, b0);
+            let w1 = _mm256_permute2x128_si256::<0x31>(a0, b0);
+            let w2 = _mm256_permute2x128_si256::<0x20>(a1, b1);
+            let w3 = _mm256_permute2x128_si256::<0x31>(a1, b1);
             let y = ybase.add(k * stride * 64);
             let dy = dbase.add(k * stride * 8);
             for (j, acc) in acc.iter_mut().enumerate() {
-                let yj = y.add(64 * j);
-                let y0 = _mm256_sign_epi8(_mm256_loadu_si256(yj as *const __m256i), w0);
-                let y1 = _mm256_sign_epi8(_mm256_loadu_si256(yj.add(32) as *const __m256i), w1);
-                let s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, y0), ones);
-                let s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, y1), ones);
+                let yj = y.add(64 * j) as *const __m256i;
+                let s01 = _mm256_add_epi32(
+                    _mm256_madd_epi16(w0, _mm256_loadu_si256(yj)),
+                    _mm256_madd_epi16(w1, _mm256_loadu_si256(yj.add(1))),
+                );
+                let s23 = _mm256_add_epi32(
+                    _mm256_madd_epi16(w2, _mm256_loadu_si256(yj.add(2))),
+                    _mm256_madd_epi16(w3, _mm256_loadu_si256(yj.add(3))),
+                );
                 let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dy.add(8 * j)));
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), scale, *acc);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), scale, *acc);
             }
         }
         if nb % 2 == 1 {
