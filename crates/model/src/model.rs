@@ -54,6 +54,9 @@ pub struct Model {
     rope_inv_swa: Vec<f32>,
 }
 
+/// Attention work items per pool thread (each a contiguous run of (row, head) tasks).
+const ATT_ITEMS_PER_THREAD: usize = 4;
+
 /// Elements per work item of the parallel gate activation.
 const ACT_CHUNK: usize = 512;
 
@@ -220,7 +223,7 @@ impl Model {
 
         // Attention: one task per (row, head), spread over the pool.
         let n_threads = ws.pool.n_threads();
-        grow(&mut ws.scores, n_threads * total);
+        grow(&mut ws.scores, n_threads * ATT_ITEMS_PER_THREAD * total);
         let lc = kv.layer_mut(il);
         let (kc, vc, pc) = (&lc.k[..], &lc.v[..], &lc.pos[..]);
         let window = if swa { c.sliding_window } else { None };
@@ -253,13 +256,15 @@ impl Model {
             f16_path,
             att,
         };
-        ws.pool.run(&|tid, nt| {
-            let per = n_tasks.div_ceil(nt);
-            // SAFETY: each thread owns its scores slice and writes only the att rows of its own tasks.
-            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(tid * total), total) };
-            job.run(tid * per..((tid + 1) * per).min(n_tasks), sc);
+        // Items of a few tasks, claimed dynamically (a descheduled thread then delays only its own item),
+        // at most ATT_ITEMS_PER_THREAD per thread so that each item has its own score scratch.
+        let per_item = n_tasks.div_ceil(n_threads * ATT_ITEMS_PER_THREAD);
+        let n_items = n_tasks.div_ceil(per_item);
+        ws.pool.run_items(n_items, &|i| {
+            // SAFETY: each item owns its scores slice and writes only the att rows of its own tasks.
+            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(i * total), total) };
+            job.run(i * per_item..((i + 1) * per_item).min(n_tasks), sc);
         });
-        let _ = n_threads;
 
         let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);
