@@ -157,10 +157,14 @@ unsafe fn rows_work(
             let nt = (n_tokens - t0).min(TILE);
             let buf = &mut tile[..(r1 - r0) * nt];
             kernel(wr, rb, acts, t0, nt, buf);
-            for (i, r) in (r0..r1).enumerate() {
-                for j in 0..nt {
-                    // SAFETY: r < rows and t0 + j < n_tokens (caller's contract).
-                    unsafe { *out_ptr.0.add((t0 + j) * rows + r) = buf[i * nt + j] };
+            let nr = r1 - r0;
+            for j in 0..nt {
+                // SAFETY: rows r0..r1 < rows and t0 + j < n_tokens (caller's contract); buf holds nr * nt.
+                unsafe {
+                    let dst = out_ptr.0.add((t0 + j) * rows + r0);
+                    for i in 0..nr {
+                        *dst.add(i) = *buf.get_unchecked(i * nt + j);
+                    }
                 }
             }
             t0 += nt;

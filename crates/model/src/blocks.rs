@@ -136,11 +136,13 @@ pub fn scale_f16(a: f32, y: &mut [f32]) {
 }
 
 /// `y = f16(y + a * x)` element-wise with one f32 rounding of the fused multiply-add, `y` holding f16 values
-/// (ggml's `ggml_vec_mad_f16`: an f16 accumulator). The product of two f32 is exact in f64.
+/// (ggml's `ggml_vec_mad_f16`: an f16 accumulator, `vfmadd` in f32 on x86). `f32::mul_add` is correctly
+/// rounded everywhere (an FMA instruction where the caller is compiled with FMA, which the attention's
+/// AVX2 path is; libm's `fmaf` otherwise), so both paths agree bit for bit.
 #[inline(always)]
 pub fn axpy_f16(a: f32, x: &[f32], y: &mut [f32]) {
     for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv = round_f16((a as f64 * xv as f64 + *yv as f64) as f32);
+        *yv = round_f16(a.mul_add(xv, *yv));
     }
 }
 
