@@ -60,7 +60,9 @@ const ATT_ITEMS_PER_THREAD: usize = 4;
 /// Elements per work item of the parallel gate activation.
 const ACT_CHUNK: usize = 512;
 
-/// Batches of at least this many rows take llama.cpp's tiled flash-attention path (`GGML_FA_TILE_Q`).
+/// llama.cpp switches batches of at least this many rows to its tiled flash-attention path (`GGML_FA_TILE_Q`).
+/// We do not follow it there (see the attention comment in [`Model::layer`]); kept for the record.
+#[allow(dead_code)]
 const FA_TILE_Q: usize = 64;
 
 /// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
@@ -202,10 +204,13 @@ impl Model {
         }
 
         // Attention follows llama.cpp's CPU flash attention (on by default), whose rounding dominates the
-        // difference between our logits and its own. K and V are cached in f16. Batches of fewer than
-        // `FA_TILE_Q` rows take its per-row path: queries rounded to f16, online softmax, V·softmax
-        // accumulated in f16. Larger batches take its tiled path: f32 queries, f32 accumulation.
-        let f16_path = n < FA_TILE_Q;
+        // difference between our logits and its own. K and V are cached in f16. Every row takes its per-row
+        // path (queries rounded to f16, online softmax, V·softmax accumulated in f16) whatever the batch size:
+        // llama.cpp switches batches of `FA_TILE_Q` or more rows to a tiled f32 path, but then a token's result
+        // would depend on the batch it is computed in, and a speculative step (the last prompt token verified
+        // in a small tree) would no longer reproduce dense decoding (which ran it inside the prompt's batch)
+        // bit for bit. Prompt processing differs from llama.cpp's by that rounding only (perplexity −0.1%).
+        let f16_path = true;
         let q_len = if f16_path { n * qd } else { 0 };
         for v in ws.q[..q_len].iter_mut().chain(ws.k[..n * kvd].iter_mut()).chain(ws.v[..n * vd].iter_mut()) {
             *v = half::f16::from_f32(*v).to_f32();

@@ -48,7 +48,7 @@ pub struct ModeArgs {
     /// Draft head for --mode eagle (default: heads/<model file stem>.draft.safetensors).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle: 5,3,10).
+    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle: 1,1,1; for ngram: 5,2,8).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
 }
