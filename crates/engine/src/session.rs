@@ -135,54 +135,101 @@ impl Engine {
         let capacity = needed.min(ctx);
         let mut dec = DenseDecoder::new(&self.model, capacity, threads);
         let mut sampler = Sampler::new(params.sampling.clone());
-        let mut stream = StreamDecoder::default();
-        let mut text = String::new();
-        let mut generated = Vec::new();
+        let mut out = Emitter::new(self, params, prompt_ids.len());
         let mut history: Vec<u32> = prompt_ids.to_vec();
-        let mut timings = Timings { prompt_tokens: prompt_ids.len(), ..Default::default() };
 
         let t0 = Instant::now();
         let mut next = sampler.sample(dec.feed(prompt_ids)?, &history);
-        timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let mut finish = FinishReason::Length;
-        while generated.len() < params.max_tokens {
-            if params.stop_at_eog && self.tokenizer.is_eog(next) {
-                finish = FinishReason::Stop;
+        while out.generated.len() < params.max_tokens {
+            if !out.push(next, &mut on_text) {
                 break;
             }
-            generated.push(next);
             history.push(next);
-            let piece = stream.push(&self.tokenizer, next);
-            text.push_str(&piece);
-            if let Some(cut) = find_stop(&text, &params.stop) {
-                text.truncate(cut);
-                finish = FinishReason::Stop;
-                break;
-            }
-            if !piece.is_empty() && !on_text(&piece) {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
+            if out.generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
                 break;
             }
             next = sampler.sample(dec.feed(&[next])?, &history);
         }
-        timings.decode_seconds = t1.elapsed().as_secs_f64();
-        timings.decode_tokens = generated.len();
-        if finish != FinishReason::Stop || params.stop.is_empty() {
-            let rest = stream.flush();
+        Ok(out.finish(prompt_ids, t1, &mut on_text))
+    }
+}
+
+/// What one generation has produced so far, with the stop rules of [`GenerateParams`]: shared by dense and
+/// speculative generation, which differ only in how tokens are produced.
+pub(crate) struct Emitter<'e> {
+    engine: &'e Engine,
+    params: &'e GenerateParams,
+    stream: StreamDecoder,
+    text: String,
+    pub(crate) generated: Vec<u32>,
+    pub(crate) finish: FinishReason,
+    pub(crate) timings: Timings,
+}
+
+impl<'e> Emitter<'e> {
+    pub(crate) fn new(engine: &'e Engine, params: &'e GenerateParams, prompt_tokens: usize) -> Self {
+        Emitter {
+            engine,
+            params,
+            stream: StreamDecoder::default(),
+            text: String::new(),
+            generated: Vec::new(),
+            finish: FinishReason::Length,
+            timings: Timings { prompt_tokens, ..Default::default() },
+        }
+    }
+
+    /// Takes the next token; returns `false` when generation must end (end of generation, a stop string,
+    /// or `on_text` asking to stop), with [`Emitter::finish`] set accordingly.
+    pub(crate) fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str) -> bool) -> bool {
+        if self.params.stop_at_eog && self.engine.tokenizer.is_eog(token) {
+            self.finish = FinishReason::Stop;
+            return false;
+        }
+        self.generated.push(token);
+        let piece = self.stream.push(&self.engine.tokenizer, token);
+        self.text.push_str(&piece);
+        if let Some(cut) = find_stop(&self.text, &self.params.stop) {
+            self.text.truncate(cut);
+            self.finish = FinishReason::Stop;
+            return false;
+        }
+        if !piece.is_empty() && !on_text(&piece) {
+            self.finish = FinishReason::Cancelled;
+            return false;
+        }
+        true
+    }
+
+    /// Flushes the stream and returns the generation; `decode_start` is when decoding began.
+    pub(crate) fn finish(
+        mut self,
+        prompt_ids: &[u32],
+        decode_start: Instant,
+        on_text: &mut impl FnMut(&str) -> bool,
+    ) -> Generation {
+        self.timings.decode_seconds = decode_start.elapsed().as_secs_f64();
+        self.timings.decode_tokens = self.generated.len();
+        if self.finish != FinishReason::Stop || self.params.stop.is_empty() {
+            let rest = self.stream.flush();
             if !rest.is_empty() {
                 on_text(&rest);
-                text.push_str(&rest);
+                self.text.push_str(&rest);
             }
         }
-        Ok(Generation { prompt_ids: prompt_ids.to_vec(), generated_ids: generated, text, finish, timings })
+        Generation {
+            prompt_ids: prompt_ids.to_vec(),
+            generated_ids: self.generated,
+            text: self.text,
+            finish: self.finish,
+            timings: self.timings,
+        }
     }
 }
 
 /// Byte offset of the earliest stop string in `text`.
-pub(crate) fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
+fn find_stop(text: &str, stops: &[String]) -> Option<usize> {
     stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
 }

@@ -5,13 +5,12 @@
 //! in the repository (beside `models/`).
 
 use crate::error::EngineError;
-use crate::session::{find_stop, Engine, FinishReason, GenerateParams, Generation, Timings};
+use crate::session::{Emitter, Engine, GenerateParams, Generation};
 use decode::speculative::{
     DraftHead, EagleProposer, NgramProposer, Proposer, SpeculativeDecoder, SpeculativeStats, TreeConfig,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tokenizer::StreamDecoder;
 
 /// How tokens are produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -113,51 +112,25 @@ impl Engine {
         // Room for a whole draft tree past the last token.
         let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
         let mut dec = SpeculativeDecoder::new(&self.model, capacity, threads, proposer, params.sampling.clone());
-        let mut stream = StreamDecoder::default();
-        let mut text = String::new();
-        let mut generated: Vec<u32> = Vec::new();
-        let mut timings = Timings { prompt_tokens: prompt_ids.len(), ..Default::default() };
+        let mut out = Emitter::new(self, params, prompt_ids.len());
         let t0 = Instant::now();
         // The last prompt token is the first step's root: the first step's verification yields token 1.
         dec.feed(prompt_ids).map_err(speculative_error)?;
-        timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let mut finish = FinishReason::Length;
-        'outer: while generated.len() < params.max_tokens {
+        'outer: while out.generated.len() < params.max_tokens {
             if dec.tokens().len() + 1 >= capacity {
                 break;
             }
-            let step = dec.step_at_most(params.max_tokens - generated.len()).map_err(speculative_error)?.to_vec();
-            for next in step {
-                if params.stop_at_eog && self.tokenizer.is_eog(next) {
-                    finish = FinishReason::Stop;
+            let step = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?;
+            for &next in step {
+                if !out.push(next, &mut on_text) {
                     break 'outer;
                 }
-                generated.push(next);
-                let piece = stream.push(&self.tokenizer, next);
-                text.push_str(&piece);
-                if let Some(cut) = find_stop(&text, &params.stop) {
-                    text.truncate(cut);
-                    finish = FinishReason::Stop;
-                    break 'outer;
-                }
-                if !piece.is_empty() && !on_text(&piece) {
-                    finish = FinishReason::Cancelled;
-                    break 'outer;
-                }
-            }
-        }
-        timings.decode_seconds = t1.elapsed().as_secs_f64();
-        timings.decode_tokens = generated.len();
-        if finish != FinishReason::Stop || params.stop.is_empty() {
-            let rest = stream.flush();
-            if !rest.is_empty() {
-                on_text(&rest);
-                text.push_str(&rest);
             }
         }
         let stats = *dec.stats();
-        Ok((Generation { prompt_ids: prompt_ids.to_vec(), generated_ids: generated, text, finish, timings }, stats))
+        Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
     }
 }
 
