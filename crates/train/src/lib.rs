@@ -330,7 +330,6 @@ pub fn train_draft(
         return Err(TrainError::Invalid("no training positions (sequences too short?)".into()));
     }
     let mut opt = AdamW::new(net.vars(), ParamsAdamW { lr: opts.lr, weight_decay: 0.0, ..Default::default() })?;
-    let mut rng = Lcg(opts.seed ^ 0x5eed);
     let (before, before_loss) = evaluate(&net, heldout, &table, &t2d, opts.eval_positions)?;
     eprintln!(
         "draft vocabulary {} tokens; {} training positions; held-out before: loss {before_loss:.3}, top-1 {:.3}, \
@@ -388,7 +387,6 @@ pub fn train_draft(
         );
         let ckpt_meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
         net.save(&opts.checkpoint, &vocab, DType::F32, ckpt_meta)?;
-        let _ = rng.next_u64();
     }
     let report = TrainReport {
         epochs_run: opts.epochs.saturating_sub(first_epoch),
