@@ -53,6 +53,14 @@ impl<'a> NodeLogits<'a> {
     }
 }
 
+/// Starts a walk at the root: the path holds only the root, the penalty history the committed tokens.
+fn begin(history: &[u32], scratch: &mut AcceptanceScratch, out: &mut Acceptance) {
+    out.path.clear();
+    out.path.push(ROOT);
+    scratch.history.clear();
+    scratch.history.extend_from_slice(history);
+}
+
 /// Greedy acceptance. `logits` holds a row for every node of `tree`; `history` is the committed tokens, root
 /// included (for the repetition penalty).
 pub fn accept_greedy(
@@ -63,10 +71,7 @@ pub fn accept_greedy(
     scratch: &mut AcceptanceScratch,
     out: &mut Acceptance,
 ) {
-    out.path.clear();
-    out.path.push(ROOT);
-    scratch.history.clear();
-    scratch.history.extend_from_slice(history);
+    begin(history, scratch, out);
     let mut node = ROOT;
     loop {
         let row = logits.row(node);
@@ -95,10 +100,7 @@ pub fn accept_sampled(
     scratch: &mut AcceptanceScratch,
     out: &mut Acceptance,
 ) {
-    out.path.clear();
-    out.path.push(ROOT);
-    scratch.history.clear();
-    scratch.history.extend_from_slice(history);
+    begin(history, scratch, out);
     let mut node = ROOT;
     'walk: loop {
         let row = logits.row(node);
