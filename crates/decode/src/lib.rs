@@ -6,9 +6,11 @@
 //!   measured against.
 //! - [`speculative`]: lossless tree speculative decoding (EAGLE-2 style trees, batched tree verification, greedy
 //!   and rejection-sampling acceptance, KV-cache compaction) behind a [`speculative::Proposer`] trait.
+//! - [`specee`]: speculative early exit — per-layer exit predictors over a draft head's candidates.
 
 pub mod dense;
 pub mod sampling;
+pub mod specee;
 pub mod speculative;
 
 pub use dense::DenseDecoder;

@@ -27,6 +27,12 @@ pub enum EngineError {
     NoDraftHead(PathBuf),
     #[error("draft head {}: {source}", path.display())]
     DraftHead { path: PathBuf, source: decode::speculative::DraftHeadError },
+    #[error("no exit predictors at {} (train them with `specee train-exit`, or pass --exit FILE)", .0.display())]
+    NoExitPredictors(PathBuf),
+    #[error("exit predictors {}: {source}", path.display())]
+    ExitPredictors { path: PathBuf, source: decode::specee::PredictorError },
+    #[error("{0}")]
+    Unsupported(String),
     #[error("speculative decoding: {0}")]
     Speculative(String),
     #[error("cannot read {}: {source}", path.display())]

@@ -5,8 +5,11 @@
 //!    stop rules, streaming and timings.
 //! 3. [`perplexity`]: llama.cpp-compatible perplexity.
 //! 4. [`speculative`]: generation with tree speculative decoding (`--mode eagle|ngram`) and draft-head lookup.
+//! 5. [`early_exit`]: generation with SpecEE early exit (`--mode specee`), predictor lookup, and the quality
+//!    evaluation behind `specee eval`.
 
 pub mod bench;
+pub mod early_exit;
 pub mod error;
 pub mod fetch;
 pub mod perplexity;

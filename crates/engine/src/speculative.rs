@@ -22,6 +22,8 @@ pub enum Mode {
     Eagle,
     /// Tree speculative decoding with prompt lookup (lossless).
     Ngram,
+    /// SpecEE early exit with trained per-layer predictors (lossy; greedy).
+    Specee,
 }
 
 impl std::str::FromStr for Mode {
@@ -31,7 +33,8 @@ impl std::str::FromStr for Mode {
             "dense" => Ok(Mode::Dense),
             "eagle" => Ok(Mode::Eagle),
             "ngram" => Ok(Mode::Ngram),
-            other => Err(format!("unknown mode `{other}` (dense, eagle or ngram)")),
+            "specee" => Ok(Mode::Specee),
+            other => Err(format!("unknown mode `{other}` (dense, eagle, ngram or specee)")),
         }
     }
 }

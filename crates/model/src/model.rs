@@ -175,56 +175,13 @@ impl Model {
             n,
             &mut ws.mm,
         );
-        for (buf, bias, width) in [(&mut ws.q, &lw.bq, qd), (&mut ws.k, &lw.bk, kvd), (&mut ws.v, &lw.bv, vd)] {
-            if let Some(b) = bias {
-                for r in 0..n {
-                    buf[r * width..(r + 1) * width].iter_mut().zip(b).for_each(|(v, b)| *v += b);
-                }
-            }
-        }
-        let swa = c.layer_is_swa.get(il).copied().unwrap_or(false);
-        let inv = if swa { &self.rope_inv_swa } else { &self.rope_inv };
-        let half = c.rope_dims / 2;
-        for r in 0..n {
-            rope_angles(positions[r], inv, &mut ws.cos[..half], &mut ws.sin[..half]);
-            for h in 0..c.n_head {
-                let head = &mut ws.q[r * qd + h * hd..r * qd + (h + 1) * hd];
-                if let Some(w) = &lw.q_norm {
-                    rms_norm_in_place(head, w, c.rms_eps);
-                }
-                rope_apply(head, &ws.cos[..half], &ws.sin[..half], c.rope_style);
-            }
-            for h in 0..c.n_head_kv {
-                let head = &mut ws.k[r * kvd + h * hd..r * kvd + (h + 1) * hd];
-                if let Some(w) = &lw.k_norm {
-                    rms_norm_in_place(head, w, c.rms_eps);
-                }
-                rope_apply(head, &ws.cos[..half], &ws.sin[..half], c.rope_style);
-            }
-        }
-
-        // Attention follows llama.cpp's CPU flash attention (on by default), whose rounding dominates the
-        // difference between our logits and its own. K and V are cached in f16. Every row takes its per-row
-        // path (queries rounded to f16, online softmax, V·softmax accumulated in f16) whatever the batch size:
-        // llama.cpp switches batches of `FA_TILE_Q` or more rows to a tiled f32 path, but then a token's result
-        // would depend on the batch it is computed in, and a speculative step (the last prompt token verified
-        // in a small tree) would no longer reproduce dense decoding (which ran it inside the prompt's batch)
-        // bit for bit. Prompt processing differs from llama.cpp's by that rounding only (perplexity −0.1%).
+        // Every row takes the per-row f16 attention path (see `finish_qkv`).
         let f16_path = true;
-        let q_len = if f16_path { n * qd } else { 0 };
-        for v in ws.q[..q_len].iter_mut().chain(ws.k[..n * kvd].iter_mut()).chain(ws.v[..n * vd].iter_mut()) {
-            *v = half::f16::from_f32(*v).to_f32();
-        }
-        // Append this batch's keys and values to the cache.
+        self.finish_qkv(il, positions, n, true, ws);
         let base = kv.len(il);
         let total = base + n;
-        {
-            let lc = kv.layer_mut(il);
-            lc.k[base * kvd..total * kvd].copy_from_slice(&ws.k[..n * kvd]);
-            lc.v[base * vd..total * vd].copy_from_slice(&ws.v[..n * vd]);
-            lc.pos[base..total].copy_from_slice(positions);
-            lc.len = total;
-        }
+        self.append_kv(il, positions, kv, ws);
+        let swa = c.layer_is_swa.get(il).copied().unwrap_or(false);
 
         // Attention: one task per (row, head), spread over the pool.
         let n_threads = ws.pool.n_threads();
@@ -305,6 +262,107 @@ impl Model {
         });
         matmul(pool, &self.qmatrix(&lw.w_down), &ws.gate[..n * ff], n, &mut ws.o[..n * d], &mut ws.mm);
         self.residual(x, &mut ws.o[..n * d], lw.post_ffn_norm.as_deref(), n);
+        Ok(())
+    }
+
+    /// Biases, QK norms and RoPE of the `n` freshly projected rows in `ws.q` (if `with_q`), `ws.k` and `ws.v`,
+    /// then the rounding to f16 of everything the attention reads.
+    ///
+    /// Attention follows llama.cpp's CPU flash attention (on by default), whose rounding dominates the
+    /// difference between our logits and its own. K and V are cached in f16. Every row takes its per-row
+    /// path (queries rounded to f16, online softmax, V·softmax accumulated in f16) whatever the batch size:
+    /// llama.cpp switches batches of `FA_TILE_Q` or more rows to a tiled f32 path, but then a token's result
+    /// would depend on the batch it is computed in, and a speculative step (the last prompt token verified
+    /// in a small tree) would no longer reproduce dense decoding (which ran it inside the prompt's batch)
+    /// bit for bit. Prompt processing differs from llama.cpp's by that rounding only (perplexity −0.1%).
+    fn finish_qkv(&self, il: usize, positions: &[u32], n: usize, with_q: bool, ws: &mut Workspace) {
+        let c = &self.config;
+        let lw = &self.weights.layers[il];
+        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let vd = c.n_head_kv * c.head_dim_v;
+        let q_rows = if with_q { n } else { 0 };
+        for (buf, bias, width, rows) in
+            [(&mut ws.q, &lw.bq, qd, q_rows), (&mut ws.k, &lw.bk, kvd, n), (&mut ws.v, &lw.bv, vd, n)]
+        {
+            if let Some(b) = bias {
+                for r in 0..rows {
+                    buf[r * width..(r + 1) * width].iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                }
+            }
+        }
+        let swa = c.layer_is_swa.get(il).copied().unwrap_or(false);
+        let inv = if swa { &self.rope_inv_swa } else { &self.rope_inv };
+        let half = c.rope_dims / 2;
+        for r in 0..n {
+            rope_angles(positions[r], inv, &mut ws.cos[..half], &mut ws.sin[..half]);
+            for h in 0..c.n_head * usize::from(with_q) {
+                let head = &mut ws.q[r * qd + h * hd..r * qd + (h + 1) * hd];
+                if let Some(w) = &lw.q_norm {
+                    rms_norm_in_place(head, w, c.rms_eps);
+                }
+                rope_apply(head, &ws.cos[..half], &ws.sin[..half], c.rope_style);
+            }
+            for h in 0..c.n_head_kv {
+                let head = &mut ws.k[r * kvd + h * hd..r * kvd + (h + 1) * hd];
+                if let Some(w) = &lw.k_norm {
+                    rms_norm_in_place(head, w, c.rms_eps);
+                }
+                rope_apply(head, &ws.cos[..half], &ws.sin[..half], c.rope_style);
+            }
+        }
+        for v in ws.q[..q_rows * qd].iter_mut().chain(ws.k[..n * kvd].iter_mut()).chain(ws.v[..n * vd].iter_mut()) {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
+    }
+
+    /// Appends the `n = positions.len()` rows of `ws.k` / `ws.v` to layer `il` of the cache.
+    fn append_kv(&self, il: usize, positions: &[u32], kv: &mut KvCache, ws: &Workspace) {
+        let c = &self.config;
+        let (kvd, vd, n) = (c.kv_dim(), c.n_head_kv * c.head_dim_v, positions.len());
+        let base = kv.len(il);
+        let total = base + n;
+        let lc = kv.layer_mut(il);
+        lc.k[base * kvd..total * kvd].copy_from_slice(&ws.k[..n * kvd]);
+        lc.v[base * vd..total * vd].copy_from_slice(&ws.v[..n * vd]);
+        lc.pos[base..total].copy_from_slice(positions);
+        lc.len = total;
+    }
+
+    /// Computes only the keys and values that block `il` would cache for the rows `x` (`n × n_embd`, not
+    /// changed) and appends them to that layer's cache — no attention, no feed-forward. Early exit uses it to
+    /// fill the layers a token skipped from its exit hidden state (CALM-style state propagation).
+    pub fn layer_kv(
+        &self,
+        il: usize,
+        x: &[f32],
+        positions: &[u32],
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let lw = &self.weights.layers[il];
+        let n = positions.len();
+        let d = c.n_embd;
+        let (kvd, vd) = (c.kv_dim(), c.n_head_kv * c.head_dim_v);
+        kv.check_room(il, n)?;
+        grow(&mut ws.h, n * d);
+        grow(&mut ws.k, n * kvd);
+        grow(&mut ws.v, n * vd);
+        grow(&mut ws.cos, c.rope_dims / 2);
+        grow(&mut ws.sin, c.rope_dims / 2);
+        for r in 0..n {
+            rms_norm(&x[r * d..(r + 1) * d], &lw.attn_norm, c.rms_eps, &mut ws.h[r * d..(r + 1) * d]);
+        }
+        let (wk, wv) = (self.qmatrix(&lw.wk), self.qmatrix(&lw.wv));
+        matmul_many(
+            &ws.pool,
+            &mut [(&wk, &mut ws.k[..n * kvd]), (&wv, &mut ws.v[..n * vd])],
+            &ws.h[..n * d],
+            n,
+            &mut ws.mm,
+        );
+        self.finish_qkv(il, positions, n, false, ws);
+        self.append_kv(il, positions, kv, ws);
         Ok(())
     }
 

@@ -50,6 +50,23 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
     Ok(out)
 }
 
+/// A conversation as the model's chat template renders it; for a model without one (a base model such as
+/// Gemma-3-270m) a plain `User: …` / `Assistant:` transcript, which a base model continues as an answer.
+pub fn render_chat(engine: &Engine, messages: &[tokenizer::chat::Message]) -> Result<String, TrainError> {
+    match engine.render_chat(messages) {
+        Err(engine::EngineError::NoChatTemplate) => {
+            let mut text = String::new();
+            for m in messages {
+                let role = if m.role == "assistant" { "Assistant" } else { "User" };
+                text.push_str(&format!("{role}: {}\n", m.content));
+            }
+            text.push_str("Assistant:");
+            Ok(text)
+        }
+        other => Ok(other?),
+    }
+}
+
 /// Token sequences with their feature rows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DraftData {
@@ -177,7 +194,7 @@ pub fn collect(
     for (i, record) in records.iter().enumerate() {
         dec.reset();
         let (mut ids, generate) = match record {
-            Record::Chat(messages) => (engine.tokenize_prompt(&engine.render_chat(messages)?), true),
+            Record::Chat(messages) => (engine.tokenize_prompt(&render_chat(engine, messages)?), true),
             Record::Text(text) => (engine.tokenize_prompt(text), false),
         };
         ids.truncate(opts.max_input);

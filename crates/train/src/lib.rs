@@ -9,8 +9,11 @@
 //!   smooth-L1 loss on its predicted feature, unrolled over `steps` draft steps that feed on their own
 //!   predicted features as the tree does at inference; AdamW; held-out acceptance printed per epoch; a
 //!   checkpoint after every epoch, from which a rerun resumes.
+//! - [`exit`]: SpecEE's per-layer exit predictors — traced full-depth decoding, one small MLP per layer, the
+//!   offline schedule and thresholds, and a plot of where tokens exit.
 
 pub mod data;
+pub mod exit;
 pub mod head;
 
 use candle_core::{DType, Device, Tensor};

@@ -1,7 +1,7 @@
-//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram] [--json]`: streams the continuation to
+//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram|specee] [--json]`: streams the continuation to
 //! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead.
 
-use super::{ModeArgs, ModelArgs};
+use super::{generate_with, ModeArgs, ModelArgs, RunStats};
 use decode::SamplingParams;
 use engine::GenerateParams;
 use std::io::Write;
@@ -47,7 +47,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let (eng, model_path) = a.model.load_with_path()?;
-    let proposer = a.mode.proposer(&eng, &model_path)?;
+    let runner = a.mode.runner(&eng, &model_path)?;
     let text = eng.render_prompt(&a.prompt, a.chat)?;
     let ids = eng.tokenize_prompt(&text);
     let params = GenerateParams {
@@ -73,13 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         true
     };
-    let (g, stats) = match proposer {
-        None => (eng.generate(&ids, &params, a.ctx, a.model.threads(), on_text)?, None),
-        Some(p) => {
-            let (g, s) = eng.generate_speculative(&ids, &params, a.ctx, a.model.threads(), p, on_text)?;
-            (g, Some(s))
-        }
-    };
+    let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
     drop(out);
     let t = &g.timings;
     if json {
@@ -95,13 +89,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     "prompt_tokens": t.prompt_tokens,
                     "decode_tokens": t.decode_tokens,
                 },
-                "speculative": stats.map(|s| serde_json::json!({
-                    "acceptance_length": s.acceptance_length(),
-                    "target_forwards": s.target_forwards,
-                    "drafted_nodes": s.drafted_nodes,
-                    "accepted_drafts": s.accepted_drafts,
-                    "draft_share": s.draft_share(),
-                })),
+                "speculative": match stats {
+                    RunStats::Speculative(s) => serde_json::json!({
+                        "acceptance_length": s.acceptance_length(),
+                        "target_forwards": s.target_forwards,
+                        "drafted_nodes": s.drafted_nodes,
+                        "accepted_drafts": s.accepted_drafts,
+                        "draft_share": s.draft_share(),
+                    }),
+                    _ => serde_json::Value::Null,
+                },
+                "early_exit": match stats {
+                    RunStats::Specee(s) => serde_json::json!({
+                        "avg_layers": s.avg_layers(),
+                        "exit_rate": s.exit_rate(),
+                        "predictor_calls_per_token": s.predictor_calls_per_token(),
+                        "verify_failures_per_token": s.verify_failures_per_token(),
+                    }),
+                    _ => serde_json::Value::Null,
+                },
             })
         );
     } else {
@@ -114,7 +120,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
-        if let Some(s) = stats {
+        if let RunStats::Specee(s) = stats {
+            eprintln!(
+                "specee: {:.1} of {} layers per token, {:.0}% of tokens exited early, {:.2} predictor calls and \
+                 {:.3} failed verifications per token",
+                s.avg_layers(),
+                eng.model.config.n_layers,
+                100.0 * s.exit_rate(),
+                s.predictor_calls_per_token(),
+                s.verify_failures_per_token()
+            );
+        }
+        if let RunStats::Speculative(s) = stats {
             eprintln!(
                 "speculative: τ {:.2} tokens per target forward ({} forwards, {} of {} drafted tokens accepted), \
                  {:.0}% of decode time drafting",

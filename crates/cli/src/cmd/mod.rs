@@ -1,12 +1,14 @@
 //! One module per subcommand, plus the flags they share.
 
 pub mod bench;
+pub mod eval;
 pub mod fetch;
 pub mod generate;
 pub mod perplexity;
 pub mod serve;
 pub mod tokenize;
 pub mod train_draft;
+pub mod train_exit;
 
 use std::path::PathBuf;
 
@@ -38,19 +40,38 @@ impl ModelArgs {
     }
 }
 
-/// Decoding-mode flags shared by `generate` and `bench`.
+/// Decoding-mode flags shared by `generate`, `bench` and `eval`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModeArgs {
-    /// How tokens are produced: dense, eagle (tree speculative decoding with a trained draft head; lossless)
-    /// or ngram (tree speculative decoding with prompt lookup; lossless).
+    /// How tokens are produced: dense, eagle (tree speculative decoding with a trained draft head; lossless),
+    /// ngram (tree speculative decoding with prompt lookup; lossless) or specee (early exit with trained
+    /// per-layer predictors; lossy, greedy).
     #[arg(long, default_value = "dense")]
     pub mode: engine::speculative::Mode,
-    /// Draft head for --mode eagle (default: heads/<model file stem>.draft.safetensors).
+    /// Draft head for --mode eagle and specee (default: heads/<model file stem>.draft.safetensors).
     #[arg(long)]
     pub draft: Option<PathBuf>,
     /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle: 1,1,1; for ngram: 5,2,8).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
+    /// Exit predictors for --mode specee (default: heads/<model file stem>.exit.safetensors).
+    #[arg(long)]
+    pub exit: Option<PathBuf>,
+    /// --mode specee: what skipped layers get in their KV cache: missing (as published), propagate (K/V from
+    /// the exit hidden state) or deferred (the next token that runs those layers carries the exited token
+    /// through them in the same batch; the default: best agreement with dense at the same speed).
+    #[arg(long, default_value = "deferred")]
+    pub kv_policy: decode::specee::KvPolicy,
+    /// --mode specee: how an exit is checked: candidates (emit the best draft candidate, no full head) or full
+    /// (as published: the full head's top-1 at the exit layer must be a candidate).
+    #[arg(long, default_value = "candidates")]
+    pub verify: decode::specee::Verify,
+    /// --mode specee: exit threshold (default: the predictor file's, for the chosen verification).
+    #[arg(long)]
+    pub exit_threshold: Option<f32>,
+    /// --mode specee: evaluate only the offline layer set (no online scheduling).
+    #[arg(long)]
+    pub offline_only: bool,
 }
 
 fn parse_tree(s: &str) -> Result<decode::speculative::TreeConfig, String> {
@@ -62,24 +83,80 @@ fn parse_tree(s: &str) -> Result<decode::speculative::TreeConfig, String> {
     }
 }
 
+/// What produces tokens for one generation.
+pub enum Runner {
+    Dense,
+    Speculative(engine::speculative::AnyProposer),
+    Specee(engine::early_exit::SpecEeSetup),
+}
+
+/// The counters of the mode that ran.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum RunStats {
+    #[default]
+    Dense,
+    Speculative(decode::speculative::SpeculativeStats),
+    Specee(decode::specee::SpecEeStats),
+}
+
 impl ModeArgs {
-    /// The proposer for a speculative mode (None for dense).
-    pub fn proposer(
-        &self,
-        eng: &engine::Engine,
-        model_path: &std::path::Path,
-    ) -> anyhow::Result<Option<engine::speculative::AnyProposer>> {
+    /// What `--mode` runs with (head, predictors, proposer loaded).
+    pub fn runner(&self, eng: &engine::Engine, model_path: &std::path::Path) -> anyhow::Result<Runner> {
         use engine::speculative::{load_head, AnyProposer, Mode};
         Ok(match self.mode {
-            Mode::Dense => None,
-            Mode::Eagle => Some(AnyProposer::eagle(load_head(eng, model_path, self.draft.as_deref())?, self.tree)),
+            Mode::Dense => Runner::Dense,
+            Mode::Eagle => {
+                Runner::Speculative(AnyProposer::eagle(load_head(eng, model_path, self.draft.as_deref())?, self.tree))
+            }
             Mode::Ngram => {
                 let mut p = decode::speculative::NgramProposer::default();
                 if let Some(t) = self.tree {
                     p.config.tree = t;
                 }
-                Some(AnyProposer::Ngram(p))
+                Runner::Speculative(AnyProposer::Ngram(p))
             }
+            Mode::Specee => Runner::Specee(self.specee_setup(eng, model_path)?),
         })
     }
+
+    /// The head, predictors and settings of `--mode specee`.
+    pub fn specee_setup(
+        &self,
+        eng: &engine::Engine,
+        model_path: &std::path::Path,
+    ) -> anyhow::Result<engine::early_exit::SpecEeSetup> {
+        Ok(engine::early_exit::SpecEeSetup {
+            head: engine::speculative::load_head(eng, model_path, self.draft.as_deref())?,
+            predictors: engine::early_exit::load_predictors(eng, model_path, self.exit.as_deref())?,
+            config: decode::specee::SpecEeConfig {
+                policy: self.kv_policy,
+                verify: self.verify,
+                threshold: self.exit_threshold,
+                offline_only: self.offline_only,
+            },
+        })
+    }
+}
+
+/// Generates with whatever `runner` holds.
+pub fn generate_with(
+    eng: &engine::Engine,
+    runner: Runner,
+    ids: &[u32],
+    params: &engine::GenerateParams,
+    ctx: usize,
+    threads: usize,
+    on_text: impl FnMut(&str) -> bool,
+) -> anyhow::Result<(engine::Generation, RunStats)> {
+    Ok(match runner {
+        Runner::Dense => (eng.generate(ids, params, ctx, threads, on_text)?, RunStats::Dense),
+        Runner::Speculative(p) => {
+            let (g, s) = eng.generate_speculative(ids, params, ctx, threads, p, on_text)?;
+            (g, RunStats::Speculative(s))
+        }
+        Runner::Specee(setup) => {
+            let (g, s) = eng.generate_specee(ids, params, ctx, threads, &setup, on_text)?;
+            (g, RunStats::Specee(s))
+        }
+    })
 }

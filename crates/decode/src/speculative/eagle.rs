@@ -331,6 +331,12 @@ impl EagleProposer {
 fn top_k_log_probs(logits: &[f32], k: usize, order: &mut Vec<u32>, out: &mut Vec<(u32, f32)>) {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let log_sum = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+    top_k_indices(logits, k, order);
+    out.extend(order.iter().map(|&j| (j, logits[j as usize] - log_sum)));
+}
+
+/// Leaves in `order` the indices of the `k` largest `logits`, best first (ties: lower index first).
+pub(crate) fn top_k_indices(logits: &[f32], k: usize, order: &mut Vec<u32>) {
     order.clear();
     order.extend(0..logits.len() as u32);
     let k = k.min(order.len());
@@ -338,8 +344,8 @@ fn top_k_log_probs(logits: &[f32], k: usize, order: &mut Vec<u32>, out: &mut Vec
         return;
     }
     order.select_nth_unstable_by(k - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    order[..k].sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    out.extend(order[..k].iter().map(|&j| (j, logits[j as usize] - log_sum)));
+    order.truncate(k);
+    order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
 }
 
 impl Proposer for EagleProposer {
@@ -392,7 +398,7 @@ impl Proposer for EagleProposer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sampling::argmax;
     use crate::{DenseDecoder, SamplingParams, SpeculativeDecoder};
@@ -400,7 +406,7 @@ mod tests {
     use safetensors::Dtype;
 
     /// A random head file for a width-`d` model: `n` draft tokens mapped to every second target token.
-    fn random_head_bytes(d: usize, ff: usize, n: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn random_head_bytes(d: usize, ff: usize, n: usize, seed: u64) -> Vec<u8> {
         let mut s = seed;
         let mut rnd = |len: usize, scale: f32| -> Vec<u8> {
             (0..len)

@@ -1,0 +1,166 @@
+//! `specee train-exit -m PATH --data RECORDS.jsonl --out EXIT.safetensors`: trains SpecEE's per-layer exit
+//! predictors for a model (see `train::exit` and `decode::specee`).
+//!
+//! It traces the model at full depth over the records (cached beside the output as `EXIT.trace.safetensors`,
+//! reused on a rerun), trains one MLP per layer printing validation precision/recall, simulates exits on the
+//! validation split to pick the unverified threshold and the offline layer set, and writes the predictor file
+//! plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`).
+
+use super::ModelArgs;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use train::data::{read_records, CollectOptions};
+use train::exit::{choose_schedule, collect_exit, oracle, plot_histogram, train_exit, ExitData, ExitTrainOptions};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Records to trace (JSON lines: {"messages": [...]} answered greedily, or {"text": "..."} teacher-forced).
+    /// Every fifth record is held out for validation.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Output predictor file (safetensors).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Draft head giving the candidates (default: the model's shipped head).
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Features per predictor: 12 (as published: the candidates' logits, probabilities and their change) or
+    /// 16 (plus the draft head's log-probabilities of the candidates).
+    #[arg(long, default_value_t = 16)]
+    pub features: usize,
+    /// Hidden units per predictor.
+    #[arg(long, default_value_t = 512)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 8)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 1024)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Simulated agreement with dense the unverified threshold must keep on the validation split.
+    #[arg(long, default_value_t = 0.985)]
+    pub target_agreement: f64,
+    /// Most layers in the offline set.
+    #[arg(long, default_value_t = 8)]
+    pub max_offline: usize,
+    /// Tokens the model writes per chat record while tracing.
+    #[arg(long, default_value_t = 96)]
+    pub max_new: usize,
+    /// Tokens kept of each prompt or text.
+    #[arg(long, default_value_t = 384)]
+    pub max_input: usize,
+    /// Use only the first N records (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+}
+
+fn sibling(out: &Path, suffix: &str) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "exit".into());
+    out.with_file_name(format!("{stem}.{suffix}"))
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.hidden == 0 || a.batch == 0 || a.epochs == 0 {
+        anyhow::bail!("--hidden, --batch and --epochs must be at least 1");
+    }
+    let (engine, model_path) = a.model.load_with_path()?;
+    let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
+    let cache = sibling(&a.out, "trace.safetensors");
+    let start = std::time::Instant::now();
+    let data = if cache.exists() {
+        eprintln!("using traced data {}", cache.display());
+        ExitData::load(&cache).with_context(|| format!("reading {}", cache.display()))?
+    } else {
+        let mut records = read_records(&a.data)?;
+        if a.limit > 0 {
+            records.truncate(a.limit);
+        }
+        let opts = CollectOptions { max_new: a.max_new, max_input: a.max_input, threads: a.model.threads() };
+        let bar = train::progress_bar(true, records.len() as u64, &format!("tracing {}", a.data.display()));
+        let data = collect_exit(&engine, head, &records, opts, |done, tokens| {
+            bar.set_position(done as u64);
+            bar.set_message(format!("{tokens} tokens"));
+            if !console_is_terminal() && done % 50 == 0 {
+                eprintln!("traced {done}/{} records, {tokens} tokens", records.len());
+            }
+        })?;
+        bar.finish_and_clear();
+        data.save(&cache)?;
+        data
+    };
+    let trace_s = start.elapsed().as_secs_f64();
+    let n_val = (0..data.len()).filter(|&t| data.is_validation(t)).count();
+    let reachable = (0..data.len()).filter(|&t| data.reachable(t)).count();
+    eprintln!(
+        "{} tokens traced ({} validation) in {trace_s:.0} s; dense top-1 among the draft's 4 candidates: {:.3}",
+        data.len(),
+        n_val,
+        reachable as f64 / data.len().max(1) as f64
+    );
+    let topts = ExitTrainOptions {
+        hidden: a.hidden,
+        epochs: a.epochs,
+        batch: a.batch,
+        lr: a.lr,
+        seed: a.seed,
+        max_gap: 4,
+        n_features: a.features,
+    };
+    let t0 = std::time::Instant::now();
+    let (layers, _reports) = train_exit(&data, &topts, |line| eprintln!("{line}"))?;
+    let train_s = t0.elapsed().as_secs_f64();
+    let grid = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99];
+    let (schedule, chosen, sims) =
+        choose_schedule(&data, &layers, &grid, a.target_agreement, 0.9, a.max_offline.max(1));
+    let o = oracle(&data);
+    eprintln!(
+        "ceiling (a perfect predictor on the validation split): {:.1}% of tokens exit, {:.2} of {} layers per token",
+        100.0 * o.exit_rate,
+        o.avg_layers,
+        data.n_layers
+    );
+    eprintln!("simulated exits on the validation split (every predictor active):");
+    eprintln!("  threshold  exit-rate  avg-layers  agreement");
+    for s in &sims {
+        eprintln!("  {:>9.2}  {:>9.3}  {:>10.2}  {:>9.4}", s.threshold, s.exit_rate, s.avg_layers, s.agreement);
+    }
+    eprintln!(
+        "chosen: unverified threshold {:.2} (agreement {:.4}, {:.2} layers); offline layers {:?}",
+        chosen.threshold, chosen.agreement, chosen.avg_layers, schedule.offline
+    );
+    let base = model_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut predictors = decode::specee::ExitPredictors::empty(engine.model.config.n_layers);
+    predictors.layers = layers;
+    predictors.schedule = schedule;
+    // Verified exits (`--verify full`) use the same threshold: the published 0.5 let the full head's top-1 at
+    // shallow layers through (SmolLM2: teacher-forced agreement 0.46–0.82 at 0.5, 0.997 at 0.95).
+    predictors.threshold = chosen.threshold;
+    predictors.threshold_unverified = chosen.threshold;
+    predictors.metadata.extend([
+        ("base_model".to_string(), base),
+        ("train_data".to_string(), a.data.display().to_string()),
+        ("traced_tokens".to_string(), data.len().to_string()),
+        ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
+        ("train_seconds".to_string(), format!("{:.0}", train_s)),
+    ]);
+    predictors.save(&a.out)?;
+    let plot = sibling(&a.out, "exit-layers.png");
+    plot_histogram(&chosen.histogram, &plot)?;
+    eprintln!(
+        "wrote {} ({:.1} MB) after training {:.0} s; exit-layer plot {}",
+        a.out.display(),
+        std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
+        train_s,
+        plot.display()
+    );
+    Ok(())
+}
+
+fn console_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}

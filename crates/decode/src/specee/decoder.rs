@@ -1,0 +1,601 @@
+//! [`SpecEeDecoder`]: autoregressive decoding that stops running layers as soon as a per-layer predictor says
+//! the answer is settled (../shared/DESIGN.md §4), shaped like [`crate::DenseDecoder`]: feed a prompt, then
+//! step one token at a time.
+//!
+//! One step for token `t` at position `p` (the previous step's output):
+//! 1. the draft head reads `(feature of p − 1, t)` and proposes [`CANDIDATES`] tokens `C` for position `p + 1`
+//!    (its reduced vocabulary: no full-vocabulary product);
+//! 2. layers run in order; after each *active* layer ([`Scheduler`]) the 12 features of `C` feed that layer's
+//!    predictor; above the threshold the token exits — [`Verify::Full`]: the full head's top-1 at that layer is
+//!    emitted if it is a candidate (else we go on: a *failed verification*); [`Verify::Candidates`]: the best
+//!    candidate is emitted without any full-vocabulary product. Under `Candidates` the last layer has a
+//!    predictor too (beyond the published design): it decides whether the full head can be skipped, which on a
+//!    small model is most of the saving (SmolLM2's head is ~30% of the bytes a token reads);
+//! 3. the skipped layers' KV follow the [`KvPolicy`]; the exit layer's normed hidden state becomes the feature
+//!    the draft head reads next.
+//!
+//! Greedy only (an early exit has no full distribution to sample from under `Verify::Candidates`).
+
+use super::predictor::{features, ExitPredictors, CANDIDATES};
+use super::schedule::Scheduler;
+use crate::sampling::argmax;
+use crate::speculative::eagle::{top_k_indices, DraftScratch};
+use crate::speculative::{DraftHead, SpeculativeError};
+use model::{KvCache, Logits, Mask, Model, Workspace};
+use std::time::{Duration, Instant};
+
+/// What the layers an exited token skipped get in their KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvPolicy {
+    /// Nothing (as published): deeper layers never see an exited token.
+    Missing,
+    /// K/V computed from the exit hidden state for every skipped layer (CALM-style state propagation).
+    Propagate,
+    /// The exited token's hidden state waits; the next token that runs its skipped layers carries it through
+    /// them in the same batched pass (FREE/DEED-style deferred completion), so deeper layers see exact K/V.
+    /// The default: on SmolLM2 it kept teacher-forced agreement at 0.985 where `Missing` gave 0.948.
+    #[default]
+    Deferred,
+}
+
+impl std::str::FromStr for KvPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<KvPolicy, String> {
+        match s {
+            "missing" => Ok(KvPolicy::Missing),
+            "propagate" => Ok(KvPolicy::Propagate),
+            "deferred" => Ok(KvPolicy::Deferred),
+            other => Err(format!("unknown KV policy `{other}` (missing, propagate or deferred)")),
+        }
+    }
+}
+
+/// How an exit decision is checked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Verify {
+    /// As published: the full head at the exit layer; exit only if its top-1 is a candidate.
+    Full,
+    /// No full head: emit the best candidate (with the file's higher `threshold_unverified`).
+    #[default]
+    Candidates,
+}
+
+impl std::str::FromStr for Verify {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Verify, String> {
+        match s {
+            "full" => Ok(Verify::Full),
+            "candidates" => Ok(Verify::Candidates),
+            other => Err(format!("unknown verification `{other}` (full or candidates)")),
+        }
+    }
+}
+
+/// Settings of a [`SpecEeDecoder`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpecEeConfig {
+    pub policy: KvPolicy,
+    pub verify: Verify,
+    /// Exit threshold (default: the predictor file's, for the chosen verification).
+    pub threshold: Option<f32>,
+    /// Disable the online scheduling level (offline layers only).
+    pub offline_only: bool,
+}
+
+/// Counters since the decoder was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpecEeStats {
+    /// Tokens stepped.
+    pub tokens: usize,
+    /// Layers run, summed over tokens.
+    pub layers: usize,
+    /// Tokens that exited before the last layer.
+    pub exits: usize,
+    /// Predictor evaluations.
+    pub predictor_calls: usize,
+    /// Verifications whose full-head top-1 was not a candidate.
+    pub verify_failures: usize,
+    /// Full-vocabulary head products (final layer, verifications, requested logits).
+    pub full_heads: usize,
+    /// Time in the draft head.
+    pub draft_time: Duration,
+}
+
+impl SpecEeStats {
+    /// Adds another run's counters.
+    pub fn add(&mut self, o: &SpecEeStats) {
+        self.tokens += o.tokens;
+        self.layers += o.layers;
+        self.exits += o.exits;
+        self.predictor_calls += o.predictor_calls;
+        self.verify_failures += o.verify_failures;
+        self.full_heads += o.full_heads;
+        self.draft_time += o.draft_time;
+    }
+
+    fn per_token(&self, x: usize) -> f64 {
+        if self.tokens == 0 {
+            0.0
+        } else {
+            x as f64 / self.tokens as f64
+        }
+    }
+    /// Mean layers run per token.
+    pub fn avg_layers(&self) -> f64 {
+        self.per_token(self.layers)
+    }
+    pub fn predictor_calls_per_token(&self) -> f64 {
+        self.per_token(self.predictor_calls)
+    }
+    pub fn verify_failures_per_token(&self) -> f64 {
+        self.per_token(self.verify_failures)
+    }
+    pub fn exit_rate(&self) -> f64 {
+        self.per_token(self.exits)
+    }
+}
+
+/// What one step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    /// The next token.
+    pub token: u32,
+    /// Layers run (the model's depth when the token did not exit).
+    pub layers: usize,
+    /// The draft candidates of this step.
+    pub candidates: [u32; CANDIDATES],
+    /// The draft head's log-probabilities of the candidates.
+    pub draft_log_probs: [f32; CANDIDATES],
+}
+
+/// How a step runs its layers.
+enum Run<'a> {
+    /// Predictors decide (inference).
+    Exit { want_logits: bool },
+    /// Every layer runs; the candidates' logits after each layer are appended to the trace (`4` floats per
+    /// layer) — training data for the predictors, exactly the inference features' inputs.
+    Trace(&'a mut Vec<f32>),
+}
+
+/// An exited token waiting for its skipped layers ([`KvPolicy::Deferred`]).
+#[derive(Clone, Debug)]
+struct Pending {
+    /// Hidden state entering layer `next`.
+    hidden: Vec<f32>,
+    pos: u32,
+    next: usize,
+}
+
+/// Early-exit decoding of one sequence.
+pub struct SpecEeDecoder<'m> {
+    model: &'m Model,
+    kv: KvCache,
+    ws: Workspace,
+    head: DraftHead,
+    predictors: ExitPredictors,
+    scheduler: Scheduler,
+    config: SpecEeConfig,
+    threshold: f32,
+    draft_scratch: DraftScratch,
+    draft_out: Vec<f32>,
+    draft_logits: Vec<f32>,
+    order: Vec<u32>,
+    hidden: Vec<f32>,
+    normed: Vec<f32>,
+    logits: Vec<f32>,
+    /// Normed hidden state at the exit layer of the last token run (the draft head's next input).
+    feature: Vec<f32>,
+    tokens: Vec<u32>,
+    stats: SpecEeStats,
+    pending: Vec<Pending>,
+    batch: Vec<f32>,
+    batch_pos: Vec<u32>,
+}
+
+impl<'m> SpecEeDecoder<'m> {
+    /// A decoder with a context of `ctx` tokens on `threads` threads. The head and predictors must fit the
+    /// model (checked by the caller: [`DraftHead::check_fits`], [`ExitPredictors::check_fits`]).
+    pub fn new(
+        model: &'m Model,
+        ctx: usize,
+        threads: usize,
+        head: DraftHead,
+        predictors: ExitPredictors,
+        config: SpecEeConfig,
+    ) -> Self {
+        let available = predictors.layers.iter().map(Option::is_some).collect();
+        let scheduler = Scheduler::new(predictors.schedule.clone(), available, !config.offline_only);
+        let threshold = config.threshold.unwrap_or(match config.verify {
+            Verify::Full => predictors.threshold,
+            Verify::Candidates => predictors.threshold_unverified,
+        });
+        SpecEeDecoder {
+            model,
+            kv: model.new_cache(ctx),
+            ws: Workspace::new(threads),
+            head,
+            predictors,
+            scheduler,
+            config,
+            threshold,
+            draft_scratch: DraftScratch::default(),
+            draft_out: Vec::new(),
+            draft_logits: Vec::new(),
+            order: Vec::new(),
+            hidden: Vec::new(),
+            normed: Vec::new(),
+            logits: Vec::new(),
+            feature: Vec::new(),
+            tokens: Vec::new(),
+            stats: SpecEeStats::default(),
+            pending: Vec::new(),
+            batch: Vec::new(),
+            batch_pos: Vec::new(),
+        }
+    }
+
+    /// Tokens in the cache so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The KV cache (per-layer lengths show what the KV policy kept).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &SpecEeStats {
+        &self.stats
+    }
+
+    /// The exit threshold in use.
+    pub fn threshold(&self) -> f32 {
+        self.threshold
+    }
+
+    /// Changes the exit threshold from the next step on.
+    pub fn set_threshold(&mut self, threshold: f32) {
+        self.threshold = threshold;
+    }
+
+    /// Context capacity.
+    pub fn capacity(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Forgets the sequence (and the online schedule's history).
+    pub fn reset(&mut self) {
+        self.kv.clear();
+        self.tokens.clear();
+        self.feature.clear();
+        self.pending.clear();
+        self.scheduler.reset();
+    }
+
+    /// Full-vocabulary logits of the last [`SpecEeDecoder::feed`], or of the last step run with `want_logits`
+    /// (at its exit layer).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits[..self.model.config.vocab_size]
+    }
+
+    /// Runs `tokens` (a prompt) through every layer and returns the greedy next token. Their logits are in
+    /// [`SpecEeDecoder::logits`].
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<u32, SpeculativeError> {
+        if tokens.is_empty() {
+            return Err(SpeculativeError::EmptyContext);
+        }
+        let d = self.model.config.n_embd;
+        let logits = self.model.forward(tokens, &mut self.kv, &mut self.ws, &mut self.hidden, Logits::Last)?;
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+        let n = tokens.len();
+        self.feature.resize(d, 0.0);
+        self.model.final_norm(&self.hidden[(n - 1) * d..n * d], &mut self.feature);
+        self.tokens.extend_from_slice(tokens);
+        Ok(argmax(&self.logits))
+    }
+
+    /// Runs `token` (appended at the next position) with early exit and returns the next token. With
+    /// `want_logits`, the exit layer's full-vocabulary logits are left in [`SpecEeDecoder::logits`] (used by
+    /// quality evaluation; costs a full head when the exit did not compute one).
+    pub fn step(&mut self, token: u32, want_logits: bool) -> Result<Step, SpeculativeError> {
+        self.run(token, Run::Exit { want_logits })
+    }
+
+    /// Runs `token` through every layer (dense greedy), appending the candidates' logits after every layer to
+    /// `trace` (`CANDIDATES` floats per layer). Training data for the predictors.
+    pub fn step_trace(&mut self, token: u32, trace: &mut Vec<f32>) -> Result<Step, SpeculativeError> {
+        self.run(token, Run::Trace(trace))
+    }
+
+    /// The draft head's candidates for the token after `token`, with their draft log-probabilities.
+    fn candidates(&mut self, token: u32) -> Result<([u32; CANDIDATES], [f32; CANDIDATES]), SpeculativeError> {
+        if self.feature.is_empty() {
+            return Err(SpeculativeError::EmptyContext);
+        }
+        let t0 = Instant::now();
+        let pool = self.ws.pool();
+        self.head.forward(
+            self.model,
+            &[token],
+            &self.feature,
+            pool,
+            &mut self.draft_scratch,
+            &mut self.draft_out,
+            &mut self.draft_logits,
+        )?;
+        let logits = &self.draft_logits[..self.head.vocab];
+        top_k_indices(logits, CANDIDATES, &mut self.order);
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let log_sum = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+        let (mut cand, mut lp) = ([0u32; CANDIDATES], [0f32; CANDIDATES]);
+        for (k, &j) in self.order.iter().enumerate() {
+            cand[k] = self.head.d2t[j as usize];
+            lp[k] = logits[j as usize] - log_sum;
+        }
+        // A head with fewer than 4 draft tokens repeats its best one (harmless: the features see equal logits).
+        for j in self.order.len().min(CANDIDATES)..CANDIDATES {
+            (cand[j], lp[j]) = (cand[0], lp[0]);
+        }
+        self.stats.draft_time += t0.elapsed();
+        Ok((cand, lp))
+    }
+
+    fn full_head(&mut self) {
+        let v = self.model.config.vocab_size;
+        self.logits.resize(v, 0.0);
+        self.model.head_full(&self.normed, 1, &mut self.logits, &mut self.ws);
+        self.stats.full_heads += 1;
+    }
+
+    /// Layer `il` over the carried pending rows (earlier positions first) and the current row, in one batch.
+    fn layer_with_pending(&mut self, il: usize, pos: u32, carried: &mut [usize]) -> Result<(), SpeculativeError> {
+        let d = self.model.config.n_embd;
+        carried.sort_by_key(|&i| self.pending[i].pos);
+        self.batch.clear();
+        self.batch_pos.clear();
+        for &i in carried.iter() {
+            self.batch.extend_from_slice(&self.pending[i].hidden);
+            self.batch_pos.push(self.pending[i].pos);
+        }
+        self.batch.extend_from_slice(&self.hidden);
+        self.batch_pos.push(pos);
+        self.model.layer(il, &mut self.batch, &self.batch_pos, Mask::Causal, &mut self.kv, &mut self.ws)?;
+        for (r, &i) in carried.iter().enumerate() {
+            let p = &mut self.pending[i];
+            p.hidden.copy_from_slice(&self.batch[r * d..(r + 1) * d]);
+            p.next = il + 1;
+        }
+        let r = carried.len();
+        self.hidden.copy_from_slice(&self.batch[r * d..(r + 1) * d]);
+        Ok(())
+    }
+
+    fn run(&mut self, token: u32, mut mode: Run<'_>) -> Result<Step, SpeculativeError> {
+        let model = self.model;
+        let (d, n_layers) = (model.config.n_embd, model.config.n_layers);
+        let (cand, draft_lp) = self.candidates(token)?;
+        let pos = self.tokens.len() as u32;
+        self.hidden.resize(d, 0.0);
+        self.normed.resize(d, 0.0);
+        model.embed(&[token], &mut self.hidden)?;
+        let mut s = [0f32; CANDIDATES];
+        let mut p_prev: Option<[f32; CANDIDATES]> = None;
+        let mut exit: Option<(usize, u32)> = None;
+        let mut have_logits = false;
+        // Pending rows (deferred policy) carried along with this token, by index into `pending`.
+        let mut carried: Vec<usize> = Vec::new();
+        for il in 0..n_layers {
+            for (i, p) in self.pending.iter().enumerate() {
+                if p.next == il && !carried.contains(&i) {
+                    carried.push(i);
+                }
+            }
+            if carried.is_empty() {
+                model.layer(il, &mut self.hidden, &[pos], Mask::Causal, &mut self.kv, &mut self.ws)?;
+            } else {
+                self.layer_with_pending(il, pos, &mut carried)?;
+            }
+            let last = il + 1 == n_layers;
+            match &mut mode {
+                Run::Trace(trace) => {
+                    model.final_norm(&self.hidden, &mut self.normed);
+                    model.head_rows(&self.normed, &cand, &mut s, &mut self.ws);
+                    trace.extend_from_slice(&s);
+                }
+                Run::Exit { .. } => {
+                    // The last layer's predictor only replaces the full head, which `Verify::Full` runs anyway.
+                    if !self.scheduler.is_active(il) || (last && self.config.verify == Verify::Full) {
+                        continue;
+                    }
+                    let Some(mlp) = self.predictors.layers[il].as_ref() else { continue };
+                    model.final_norm(&self.hidden, &mut self.normed);
+                    model.head_rows(&self.normed, &cand, &mut s, &mut self.ws);
+                    let (x, p) = features(&s, p_prev.as_ref(), &draft_lp);
+                    p_prev = Some(p);
+                    self.stats.predictor_calls += 1;
+                    if mlp.predict(&x) <= self.threshold {
+                        continue;
+                    }
+                    match self.config.verify {
+                        Verify::Candidates => {
+                            let best = (0..CANDIDATES).fold(0, |b, j| if s[j] > s[b] { j } else { b });
+                            exit = Some((il, cand[best]));
+                        }
+                        Verify::Full => {
+                            self.full_head();
+                            have_logits = true;
+                            let t = argmax(self.logits());
+                            if cand.contains(&t) {
+                                exit = Some((il, t));
+                            } else {
+                                self.stats.verify_failures += 1;
+                                have_logits = false;
+                            }
+                        }
+                    }
+                    if exit.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        let (layers, next) = match exit {
+            Some((il, t)) => {
+                self.scheduler.record_exit(il);
+                self.stats.exits += 1;
+                match self.config.policy {
+                    KvPolicy::Missing => {}
+                    KvPolicy::Propagate => {
+                        let positions = [pos];
+                        for j in il + 1..n_layers {
+                            model.layer_kv(j, &self.hidden, &positions, &mut self.kv, &mut self.ws)?;
+                        }
+                    }
+                    KvPolicy::Deferred if il + 1 < n_layers => {
+                        for &i in &carried {
+                            self.pending[i].next = il + 1;
+                        }
+                        self.pending.push(Pending { hidden: self.hidden.clone(), pos, next: il + 1 });
+                    }
+                    KvPolicy::Deferred => {}
+                }
+                if matches!(mode, Run::Exit { want_logits: true }) && !have_logits {
+                    self.full_head();
+                }
+                (il + 1, t)
+            }
+            None => {
+                model.final_norm(&self.hidden, &mut self.normed);
+                self.full_head();
+                (n_layers, argmax(self.logits()))
+            }
+        };
+        // Rows carried through the last layer are complete.
+        self.pending.retain(|p| p.next < n_layers);
+        // The exit layer's normed state is what the draft head reads for the next token.
+        std::mem::swap(&mut self.feature, &mut self.normed);
+        self.tokens.push(token);
+        self.stats.tokens += 1;
+        self.stats.layers += layers;
+        Ok(Step { token: next, layers, candidates: cand, draft_log_probs: draft_lp })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::specee::predictor::tests::random_predictors;
+    use crate::speculative::eagle::tests::random_head_bytes;
+    use crate::DenseDecoder;
+
+    const PROMPT: [u32; 8] = [1, 7, 3, 9, 4, 4, 12, 5];
+
+    fn dense_greedy(model: &Model, n: usize) -> Vec<u32> {
+        let mut dense = DenseDecoder::new(model, 128, 2);
+        let mut out = Vec::new();
+        let mut next = argmax(dense.feed(&PROMPT).unwrap());
+        for _ in 0..n {
+            out.push(next);
+            next = argmax(dense.feed(&[next]).unwrap());
+        }
+        out
+    }
+
+    fn decoder(model: &Model, config: SpecEeConfig) -> SpecEeDecoder<'_> {
+        let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
+        let predictors = random_predictors(model.config.n_layers, 16, 3);
+        SpecEeDecoder::new(model, 128, 2, head, predictors, config)
+    }
+
+    #[test]
+    fn never_exiting_and_tracing_equal_dense_greedy() {
+        for arch in ["llama", "gemma3"] {
+            let model = model::testing::tiny_model(arch, None, 11, 64);
+            let n_layers = model.config.n_layers;
+            let want = dense_greedy(&model, 24);
+            let mut dec = decoder(&model, SpecEeConfig { threshold: Some(2.0), ..Default::default() });
+            let mut got = vec![dec.feed(&PROMPT).unwrap()];
+            while got.len() < want.len() {
+                got.push(dec.step(*got.last().unwrap(), false).unwrap().token);
+            }
+            assert_eq!(got, want, "{arch}: a decoder that never exits is dense decoding");
+            let st = *dec.stats();
+            assert_eq!((st.exits, st.layers), (0, st.tokens * n_layers));
+            assert!(st.predictor_calls > 0);
+
+            let mut dec = decoder(&model, SpecEeConfig::default());
+            let mut trace = Vec::new();
+            let mut got = vec![dec.feed(&PROMPT).unwrap()];
+            while got.len() < want.len() {
+                got.push(dec.step_trace(*got.last().unwrap(), &mut trace).unwrap().token);
+            }
+            assert_eq!(got, want, "{arch}: tracing runs every layer");
+            assert_eq!(trace.len(), (want.len() - 1) * n_layers * CANDIDATES);
+        }
+    }
+
+    #[test]
+    fn exits_obey_verification_and_kv_policy() {
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let n_layers = model.config.n_layers;
+        for verify in [Verify::Full, Verify::Candidates] {
+            for policy in [KvPolicy::Missing, KvPolicy::Propagate, KvPolicy::Deferred] {
+                let config = SpecEeConfig { policy, verify, threshold: Some(-1.0), offline_only: true };
+                let mut dec = decoder(&model, config);
+                let mut t = dec.feed(&PROMPT).unwrap();
+                for _ in 0..12 {
+                    let step = dec.step(t, true).unwrap();
+                    if step.layers < n_layers {
+                        assert!(step.candidates.contains(&step.token), "an exit emits a candidate");
+                        if verify == Verify::Full {
+                            assert_eq!(step.token, argmax(dec.logits()), "verified exit emits the full head's top-1");
+                        }
+                    }
+                    t = step.token;
+                }
+                let st = *dec.stats();
+                if verify == Verify::Candidates {
+                    // Threshold −1: every token exits at the first offline layer (0) without a full head but
+                    // the one asked for.
+                    assert_eq!((st.exits, st.layers, st.verify_failures), (12, 12, 0));
+                }
+                assert!(st.exits + st.verify_failures <= st.predictor_calls, "every exit or failure follows a call");
+                let (first, last) = (dec.kv().len(0), dec.kv().len(n_layers - 1));
+                assert_eq!(first, PROMPT.len() + 12);
+                match policy {
+                    KvPolicy::Missing => assert_eq!(last, PROMPT.len() + 12 - st.exits),
+                    KvPolicy::Propagate => assert_eq!(last, first),
+                    // Every exit here is at layer 0, so nothing ever runs the deeper layers to carry them.
+                    KvPolicy::Deferred => assert_eq!(last, PROMPT.len() + 12 - st.exits),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn deferred_rows_ride_along_with_the_next_full_token() {
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let n_layers = model.config.n_layers;
+        let config = SpecEeConfig { policy: KvPolicy::Deferred, offline_only: true, ..Default::default() };
+        let mut dec = decoder(&model, config);
+        let mut t = dec.feed(&PROMPT).unwrap();
+        dec.set_threshold(-1.0);
+        for _ in 0..3 {
+            let step = dec.step(t, false).unwrap();
+            assert_eq!(step.layers, 1, "exits after layer 0");
+            t = step.token;
+        }
+        assert_eq!(dec.kv().len(1), PROMPT.len());
+        dec.set_threshold(2.0);
+        let step = dec.step(t, false).unwrap();
+        assert_eq!(step.layers, n_layers);
+        for il in 0..n_layers {
+            assert_eq!(dec.kv().len(il), PROMPT.len() + 4, "layer {il} has every token after a full step");
+        }
+        // Positions in the deeper layers are in order (the carried rows went first).
+        let pos = dec.kv().positions(n_layers - 1);
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "{pos:?}");
+    }
+}

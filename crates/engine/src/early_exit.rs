@@ -1,0 +1,228 @@
+//! SpecEE early exit at the engine level: finding a model's shipped predictors, generation with
+//! `--mode specee` (same stop rules, streaming and timings as dense), and the quality tool behind `specee eval`
+//! (teacher-forced agreement and perplexity against dense, free-running agreement on prompts).
+//!
+//! Predictors: `--exit FILE`, or the model's shipped ones: `heads/<model file stem>.exit.safetensors`.
+
+use crate::error::EngineError;
+use crate::perplexity::log_prob;
+use crate::session::{Emitter, Engine, GenerateParams, Generation};
+use crate::speculative::heads_dir;
+use decode::sampling::argmax;
+use decode::specee::{ExitPredictors, SpecEeConfig, SpecEeDecoder, SpecEeStats};
+use decode::speculative::DraftHead;
+use decode::DenseDecoder;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The shipped predictor file for the model at `model_path` (whether or not it exists).
+pub fn default_exit_path(model_path: &Path) -> PathBuf {
+    let stem = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    heads_dir().join(format!("{stem}.exit.safetensors"))
+}
+
+/// Loads exit predictors (`path`, or the model's shipped ones) and checks that they fit the model.
+pub fn load_predictors(engine: &Engine, model_path: &Path, path: Option<&Path>) -> Result<ExitPredictors, EngineError> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(|| default_exit_path(model_path));
+    if !path.exists() {
+        return Err(EngineError::NoExitPredictors(path));
+    }
+    let p = ExitPredictors::load(&path).map_err(|source| EngineError::ExitPredictors { path: path.clone(), source })?;
+    p.check_fits(engine.model.config.n_layers)
+        .map_err(|source| EngineError::ExitPredictors { path: path.clone(), source })?;
+    Ok(p)
+}
+
+/// What `--mode specee` runs with: the draft head for candidates, the predictors and the settings.
+#[derive(Clone, Debug)]
+pub struct SpecEeSetup {
+    pub head: DraftHead,
+    pub predictors: ExitPredictors,
+    pub config: SpecEeConfig,
+}
+
+impl SpecEeSetup {
+    /// A decoder for `capacity` tokens.
+    pub fn decoder<'m>(&self, engine: &'m Engine, capacity: usize, threads: usize) -> SpecEeDecoder<'m> {
+        SpecEeDecoder::new(&engine.model, capacity, threads, self.head.clone(), self.predictors.clone(), self.config)
+    }
+}
+
+fn specee_error(e: decode::speculative::SpeculativeError) -> EngineError {
+    match e {
+        decode::speculative::SpeculativeError::Model(m) => EngineError::Model(m),
+        other => EngineError::Speculative(other.to_string()),
+    }
+}
+
+impl Engine {
+    /// [`Engine::generate`] with SpecEE early exit (greedy only; lossy — quality is measured by `specee eval`).
+    /// Returns the early-exit counters too.
+    pub fn generate_specee(
+        &self,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        ctx: usize,
+        threads: usize,
+        setup: &SpecEeSetup,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<(Generation, SpecEeStats), EngineError> {
+        if !params.sampling.is_greedy() {
+            return Err(EngineError::Unsupported("--mode specee decodes greedily only (use --temp 0)".into()));
+        }
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt_ids.len() >= ctx {
+            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
+        }
+        let capacity = (prompt_ids.len() + params.max_tokens).min(ctx);
+        let mut dec = setup.decoder(self, capacity, threads);
+        let mut out = Emitter::new(self, params, prompt_ids.len());
+        let t0 = Instant::now();
+        let mut next = dec.feed(prompt_ids).map_err(specee_error)?;
+        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        while out.generated.len() < params.max_tokens {
+            if !out.push(next, &mut on_text) {
+                break;
+            }
+            if out.generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
+                break;
+            }
+            next = dec.step(next, false).map_err(specee_error)?.token;
+        }
+        let stats = *dec.stats();
+        Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
+    }
+}
+
+/// Teacher-forced quality of early exit against dense on a text (see [`eval_text`]).
+#[derive(Clone, Debug, Default)]
+pub struct TextEval {
+    /// Positions scored.
+    pub positions: usize,
+    /// Share of positions where the mode's next token equals dense top-1.
+    pub agreement: f64,
+    pub ppl_dense: f64,
+    /// Perplexity of the mode's distribution (the exit layer's full logits).
+    pub ppl_mode: f64,
+    pub stats: SpecEeStats,
+    pub seconds: f64,
+}
+
+/// Teacher-forced evaluation, chunked as llama.cpp's perplexity: chunks of `ctx` tokens from an empty cache,
+/// the first half fed as a prompt (densely), then every later token run by the mode, which predicts the next
+/// one; the same positions are scored for dense. `max_chunks` limits the work (0: all); `progress(done, total)`.
+pub fn eval_text(
+    engine: &Engine,
+    setup: &SpecEeSetup,
+    text: &str,
+    ctx: usize,
+    threads: usize,
+    max_chunks: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<TextEval, EngineError> {
+    let start = Instant::now();
+    let tokens = engine.tokenizer.encode(text, true, false);
+    if ctx < 8 || tokens.len() < ctx {
+        return Err(EngineError::TextTooShort { tokens: tokens.len(), needed: ctx.max(8), ctx });
+    }
+    let mut n_chunks = tokens.len() / ctx;
+    if max_chunks > 0 {
+        n_chunks = n_chunks.min(max_chunks);
+    }
+    let first = ctx / 2;
+    let vocab = engine.model.config.vocab_size;
+    let mut dense = DenseDecoder::new(&engine.model, ctx, threads);
+    let mut mode = setup.decoder(engine, ctx, threads);
+    let (mut agree, mut count, mut nll_dense, mut nll_mode) = (0usize, 0usize, 0f64, 0f64);
+    let mut dense_top = Vec::with_capacity(ctx);
+    let mut dense_lp = Vec::with_capacity(ctx);
+    for chunk in 0..n_chunks {
+        let mut ids = tokens[chunk * ctx..(chunk + 1) * ctx].to_vec();
+        if engine.tokenizer.add_bos() {
+            if let Some(bos) = engine.tokenizer.bos() {
+                ids[0] = bos;
+            }
+        }
+        // Dense: logits at every position, in blocks (Gemma's vocabulary makes a whole chunk's logits large).
+        dense.reset();
+        dense_top.clear();
+        dense_lp.clear();
+        for block in ids.chunks(32) {
+            let logits = dense.feed_all_logits(block)?;
+            for r in 0..block.len() {
+                let j = dense_top.len();
+                let row = &logits[r * vocab..(r + 1) * vocab];
+                dense_top.push(argmax(row));
+                dense_lp.push(if j + 1 < ctx { log_prob(row, ids[j + 1]) } else { 0.0 });
+            }
+        }
+        mode.reset();
+        mode.feed(&ids[..first]).map_err(specee_error)?;
+        for j in first..ctx - 1 {
+            let step = mode.step(ids[j], true).map_err(specee_error)?;
+            agree += usize::from(step.token == dense_top[j]);
+            nll_mode -= log_prob(mode.logits(), ids[j + 1]);
+            nll_dense -= dense_lp[j];
+            count += 1;
+        }
+        progress(chunk + 1, n_chunks);
+    }
+    let per = |x: f64| if count == 0 { 0.0 } else { x / count as f64 };
+    Ok(TextEval {
+        positions: count,
+        agreement: per(agree as f64),
+        ppl_dense: per(nll_dense).exp(),
+        ppl_mode: per(nll_mode).exp(),
+        stats: *mode.stats(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Free-running greedy agreement of early exit with dense on prompts.
+#[derive(Clone, Debug, Default)]
+pub struct PromptEval {
+    pub prompts: usize,
+    /// Tokens generated per prompt (at most).
+    pub n_tokens: usize,
+    /// Mean length of the prefix the mode's output shares with dense.
+    pub mean_matching_prefix: f64,
+    /// Share of prompts whose whole output equals dense.
+    pub exact_match: f64,
+    pub stats: SpecEeStats,
+}
+
+/// Generates up to `n` tokens for each prompt with dense and with the mode (greedy, no stop at end of
+/// generation so every prompt counts fully) and compares them.
+pub fn eval_prompts(
+    engine: &Engine,
+    setup: &SpecEeSetup,
+    prompts: &[Vec<u32>],
+    n: usize,
+    threads: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<PromptEval, EngineError> {
+    let params = GenerateParams { max_tokens: n, stop_at_eog: false, ..Default::default() };
+    let (mut prefix_sum, mut exact) = (0usize, 0usize);
+    let mut stats = SpecEeStats::default();
+    for (i, ids) in prompts.iter().enumerate() {
+        let ctx = ids.len() + n + 1;
+        let dense = engine.generate(ids, &params, ctx, threads, |_| true)?;
+        let (g, st) = engine.generate_specee(ids, &params, ctx, threads, setup, |_| true)?;
+        let prefix = dense.generated_ids.iter().zip(&g.generated_ids).take_while(|(a, b)| a == b).count();
+        prefix_sum += prefix;
+        exact += usize::from(g.generated_ids == dense.generated_ids);
+        stats.add(&st);
+        progress(i + 1, prompts.len());
+    }
+    let k = prompts.len().max(1) as f64;
+    Ok(PromptEval {
+        prompts: prompts.len(),
+        n_tokens: n,
+        mean_matching_prefix: prefix_sum as f64 / k,
+        exact_match: exact as f64 / k,
+        stats,
+    })
+}
