@@ -5,9 +5,9 @@
 //! Predictors: `--exit FILE`, or the model's shipped ones: `heads/<model file stem>.exit.safetensors`.
 
 use crate::error::EngineError;
-use crate::perplexity::log_prob;
+use crate::perplexity::{log_prob, text_chunks};
 use crate::session::{Emitter, Engine, GenerateParams, Generation};
-use crate::speculative::heads_dir;
+use crate::speculative::shipped_path;
 use decode::sampling::argmax;
 use decode::specee::{ExitPredictors, SpecEeConfig, SpecEeDecoder, SpecEeStats};
 use decode::speculative::DraftHead;
@@ -17,8 +17,7 @@ use std::time::Instant;
 
 /// The shipped predictor file for the model at `model_path` (whether or not it exists).
 pub fn default_exit_path(model_path: &Path) -> PathBuf {
-    let stem = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    heads_dir().join(format!("{stem}.exit.safetensors"))
+    shipped_path(model_path, "exit")
 }
 
 /// Loads exit predictors (`path`, or the model's shipped ones) and checks that they fit the model.
@@ -124,14 +123,11 @@ pub fn eval_text(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<TextEval, EngineError> {
     let start = Instant::now();
-    let tokens = engine.tokenizer.encode(text, true, false);
-    if ctx < 8 || tokens.len() < ctx {
-        return Err(EngineError::TextTooShort { tokens: tokens.len(), needed: ctx.max(8), ctx });
+    if ctx < 8 {
+        return Err(EngineError::TextTooShort { tokens: 0, needed: 8, ctx });
     }
-    let mut n_chunks = tokens.len() / ctx;
-    if max_chunks > 0 {
-        n_chunks = n_chunks.min(max_chunks);
-    }
+    let chunks = text_chunks(engine, text, ctx, max_chunks)?;
+    let n_chunks = chunks.len();
     let first = ctx / 2;
     let vocab = engine.model.config.vocab_size;
     let mut dense = DenseDecoder::new(&engine.model, ctx, threads);
@@ -139,13 +135,7 @@ pub fn eval_text(
     let (mut agree, mut count, mut nll_dense, mut nll_mode) = (0usize, 0usize, 0f64, 0f64);
     let mut dense_top = Vec::with_capacity(ctx);
     let mut dense_lp = Vec::with_capacity(ctx);
-    for chunk in 0..n_chunks {
-        let mut ids = tokens[chunk * ctx..(chunk + 1) * ctx].to_vec();
-        if engine.tokenizer.add_bos() {
-            if let Some(bos) = engine.tokenizer.bos() {
-                ids[0] = bos;
-            }
-        }
+    for (chunk, ids) in chunks.iter().enumerate() {
         // Dense: logits at every position, in blocks (Gemma's vocabulary makes a whole chunk's logits large).
         dense.reset();
         dense_top.clear();

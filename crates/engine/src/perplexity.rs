@@ -25,6 +25,29 @@ pub fn log_prob(logits: &[f32], target: u32) -> f64 {
     logits[target as usize] as f64 - max - sum.ln()
 }
 
+/// `text` tokenized as llama.cpp's perplexity tool does and cut into chunks of `ctx` tokens (at most `max_chunks`;
+/// 0 = all), each starting with BOS where the model adds one. Fails if not even one chunk fits.
+pub fn text_chunks(engine: &Engine, text: &str, ctx: usize, max_chunks: usize) -> Result<Vec<Vec<u32>>, EngineError> {
+    let tokens = engine.tokenizer.encode(text, true, false);
+    if tokens.len() < ctx {
+        return Err(EngineError::TextTooShort { tokens: tokens.len(), needed: ctx, ctx });
+    }
+    let mut n_chunks = tokens.len() / ctx;
+    if max_chunks > 0 {
+        n_chunks = n_chunks.min(max_chunks);
+    }
+    let bos = engine.tokenizer.bos().filter(|_| engine.tokenizer.add_bos());
+    Ok((0..n_chunks)
+        .map(|c| {
+            let mut ids = tokens[c * ctx..(c + 1) * ctx].to_vec();
+            if let Some(b) = bos {
+                ids[0] = b;
+            }
+            ids
+        })
+        .collect())
+}
+
 /// Perplexity of `text` with chunks of `ctx` tokens; `max_chunks` limits the work (0 = all);
 /// `progress(done, total)` is called after each chunk.
 pub fn perplexity(
@@ -36,27 +59,18 @@ pub fn perplexity(
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<Perplexity, EngineError> {
     let start = std::time::Instant::now();
-    let tokens = engine.tokenizer.encode(text, true, false);
-    if ctx < 4 || tokens.len() < ctx {
-        return Err(EngineError::TextTooShort { tokens: tokens.len(), needed: ctx.max(4), ctx });
+    if ctx < 4 {
+        return Err(EngineError::TextTooShort { tokens: 0, needed: 4, ctx });
     }
-    let mut n_chunks = tokens.len() / ctx;
-    if max_chunks > 0 {
-        n_chunks = n_chunks.min(max_chunks);
-    }
+    let chunks = text_chunks(engine, text, ctx, max_chunks)?;
+    let n_chunks = chunks.len();
     let first = ctx / 2;
     let vocab = engine.model.config.vocab_size;
     let mut dec = DenseDecoder::new(&engine.model, ctx, threads);
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
-    for chunk in 0..n_chunks {
-        let mut ids = tokens[chunk * ctx..(chunk + 1) * ctx].to_vec();
-        if engine.tokenizer.add_bos() {
-            if let Some(bos) = engine.tokenizer.bos() {
-                ids[0] = bos;
-            }
-        }
+    for (chunk, ids) in chunks.iter().enumerate() {
         dec.reset();
-        let logits = dec.feed_all_logits(&ids)?;
+        let logits = dec.feed_all_logits(ids)?;
         for j in first..ctx - 1 {
             let lp = log_prob(&logits[j * vocab..(j + 1) * vocab], ids[j + 1]);
             nll -= lp;

@@ -45,10 +45,16 @@ pub fn heads_dir() -> PathBuf {
     dir.canonicalize().unwrap_or(dir)
 }
 
+/// The shipped file of `kind` (`draft`, `exit`) for the model at `model_path`:
+/// `heads/<model file stem>.<kind>.safetensors` (whether or not it exists).
+pub fn shipped_path(model_path: &Path, kind: &str) -> PathBuf {
+    let stem = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    heads_dir().join(format!("{stem}.{kind}.safetensors"))
+}
+
 /// The shipped head for the model at `model_path` (whether or not it exists).
 pub fn default_head_path(model_path: &Path) -> PathBuf {
-    let stem = model_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    heads_dir().join(format!("{stem}.draft.safetensors"))
+    shipped_path(model_path, "draft")
 }
 
 /// Loads a draft head (`path`, or the model's shipped one) and checks that it fits the model.

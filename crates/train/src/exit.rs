@@ -242,6 +242,15 @@ fn sample_features(data: &ExitData, t: usize, l: usize, gap: usize) -> [f32; MAX
     features(data.logits(t, l), prev.as_ref(), q).0
 }
 
+/// Mean binary cross-entropy of logits `z` against labels `y`, in the stable form
+/// `max(z, 0) − z·y + ln(1 + e^−|z|)`. (candle's `binary_cross_entropy_with_logit` takes the log of a sigmoid, which
+/// saturates on confident logits: ln 0 → NaN gradients, and a layer whose labels are nearly all one way ended up
+/// never firing.)
+fn bce_with_logits(z: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+    let soft = (z.abs()?.neg()?.exp()? + 1.0)?.log()?;
+    ((z.relu()? - (z * y)?)? + soft)?.mean_all()
+}
+
 /// Smallest standard deviation a feature is scaled by (a near-constant feature would otherwise get huge
 /// folded weights and the predictor would extrapolate wildly on held-out values).
 const MIN_STD: f32 = 0.05;
@@ -348,7 +357,7 @@ pub fn train_exit(
                 let x = Tensor::from_vec(xb, (chunk.len(), nf), &dev)?;
                 let y = Tensor::from_vec(yb, chunk.len(), &dev)?;
                 let z = l2.forward(&l1.forward(&x)?.relu()?)?.squeeze(1)?;
-                let loss = candle_nn::loss::binary_cross_entropy_with_logit(&z, &y)?;
+                let loss = bce_with_logits(&z, &y)?;
                 opt.backward_step(&loss)?;
             }
         }
@@ -620,6 +629,17 @@ mod tests {
         let want = val.iter().map(|&t| (3 + (t * 7) % 9) as f64).sum::<f64>() / val.len() as f64;
         assert!((o.avg_layers - want).abs() < 1e-9, "{} vs {want}", o.avg_layers);
         assert!(chosen.avg_layers >= o.avg_layers);
+    }
+
+    #[test]
+    fn bce_is_finite_and_correct_on_confident_logits() {
+        let dev = Device::Cpu;
+        let z = Tensor::new(&[200f32, -200.0, 0.0, 2.0], &dev).unwrap();
+        let y = Tensor::new(&[1f32, 1.0, 0.0, 0.0], &dev).unwrap();
+        let got: f32 = bce_with_logits(&z, &y).unwrap().to_scalar().unwrap();
+        // Per element: 0, 200, ln 2, 2 + ln(1 + e^-2).
+        let want = (0.0 + 200.0 + 2f32.ln() + 2.0 + (1.0 + (-2f32).exp()).ln()) / 4.0;
+        assert!((got - want).abs() < 1e-4, "{got} vs {want}");
     }
 
     #[test]

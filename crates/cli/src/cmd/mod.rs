@@ -40,6 +40,32 @@ impl ModelArgs {
     }
 }
 
+/// How training commands run the model over their records (shared by `train-draft` and `train-exit`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct CollectArgs {
+    /// Tokens the model writes per chat record while collecting.
+    #[arg(long, default_value_t = 96)]
+    pub max_new: usize,
+    /// Tokens kept of each prompt or text.
+    #[arg(long, default_value_t = 384)]
+    pub max_input: usize,
+    /// Use only the first N records (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+}
+
+impl CollectArgs {
+    pub fn options(&self, threads: usize) -> train::data::CollectOptions {
+        train::data::CollectOptions { max_new: self.max_new, max_input: self.max_input, threads }
+    }
+}
+
+/// `OUT` with its extension replaced by `.SUFFIX` (a cache or side file of a training command).
+pub fn sibling(out: &std::path::Path, suffix: &str) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    out.with_file_name(format!("{stem}.{suffix}"))
+}
+
 /// Decoding-mode flags shared by `generate`, `bench` and `eval`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModeArgs {

@@ -7,7 +7,7 @@
 //! epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a rerun resumes. `scripts/draft_data.py`
 //! writes the record files.
 
-use super::ModelArgs;
+use super::{sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -47,20 +47,8 @@ pub struct Args {
     pub reg_weight: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Tokens the model writes per chat record while collecting.
-    #[arg(long, default_value_t = 96)]
-    pub max_new: usize,
-    /// Tokens kept of each prompt or text.
-    #[arg(long, default_value_t = 384)]
-    pub max_input: usize,
-    /// Use only the first N training records (0: all).
-    #[arg(long, default_value_t = 0)]
-    pub limit: usize,
-}
-
-fn sibling(out: &Path, suffix: &str) -> PathBuf {
-    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "head".into());
-    out.with_file_name(format!("{stem}.{suffix}.safetensors"))
+    #[command(flatten)]
+    pub collect: CollectArgs,
 }
 
 fn collect_cached(
@@ -101,9 +89,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--vocab, --ff, --batch and --steps must be at least 1");
     }
     let engine = a.model.load()?;
-    let opts = CollectOptions { max_new: a.max_new, max_input: a.max_input, threads: a.model.threads() };
-    let train_data = collect_cached(&engine, &a.data, &sibling(&a.out, "train-data"), opts, a.limit)?;
-    let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data"), opts, 0)?;
+    let opts = a.collect.options(a.model.threads());
+    let train_data =
+        collect_cached(&engine, &a.data, &sibling(&a.out, "train-data.safetensors"), opts, a.collect.limit)?;
+    let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data.safetensors"), opts, 0)?;
     let topts = TrainOptions {
         vocab: a.vocab,
         ff: a.ff,
@@ -114,7 +103,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reg_weight: a.reg_weight,
         seed: a.seed,
         eval_positions: 4000,
-        checkpoint: sibling(&a.out, "ckpt"),
+        checkpoint: sibling(&a.out, "ckpt.safetensors"),
         progress: true,
     };
     let base = a.model.model.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());

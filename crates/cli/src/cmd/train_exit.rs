@@ -6,10 +6,10 @@
 //! validation split to pick the unverified threshold and the offline layer set, and writes the predictor file
 //! plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`).
 
-use super::ModelArgs;
+use super::{sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
-use std::path::{Path, PathBuf};
-use train::data::{read_records, CollectOptions};
+use std::path::PathBuf;
+use train::data::read_records;
 use train::exit::{choose_schedule, collect_exit, oracle, plot_histogram, train_exit, ExitData, ExitTrainOptions};
 
 #[derive(clap::Args, Debug)]
@@ -47,20 +47,8 @@ pub struct Args {
     /// Most layers in the offline set.
     #[arg(long, default_value_t = 8)]
     pub max_offline: usize,
-    /// Tokens the model writes per chat record while tracing.
-    #[arg(long, default_value_t = 96)]
-    pub max_new: usize,
-    /// Tokens kept of each prompt or text.
-    #[arg(long, default_value_t = 384)]
-    pub max_input: usize,
-    /// Use only the first N records (0: all).
-    #[arg(long, default_value_t = 0)]
-    pub limit: usize,
-}
-
-fn sibling(out: &Path, suffix: &str) -> PathBuf {
-    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "exit".into());
-    out.with_file_name(format!("{stem}.{suffix}"))
+    #[command(flatten)]
+    pub collect: CollectArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -76,10 +64,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ExitData::load(&cache).with_context(|| format!("reading {}", cache.display()))?
     } else {
         let mut records = read_records(&a.data)?;
-        if a.limit > 0 {
-            records.truncate(a.limit);
+        if a.collect.limit > 0 {
+            records.truncate(a.collect.limit);
         }
-        let opts = CollectOptions { max_new: a.max_new, max_input: a.max_input, threads: a.model.threads() };
+        let opts = a.collect.options(a.model.threads());
         let bar = train::progress_bar(true, records.len() as u64, &format!("tracing {}", a.data.display()));
         let data = collect_exit(&engine, head, &records, opts, |done, tokens| {
             bar.set_position(done as u64);
