@@ -225,12 +225,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         dense_s += dense.timings.decode_seconds;
         mode_s += g.timings.decode_seconds;
         tokens += g.generated_ids.len();
-        total.target_forwards += st.target_forwards;
-        total.committed_tokens += st.committed_tokens;
-        total.drafted_nodes += st.drafted_nodes;
-        total.accepted_drafts += st.accepted_drafts;
-        total.draft_time += st.draft_time;
-        total.verify_time += st.verify_time;
+        total.add(&st);
         let row = json!({
             "prompt_tokens": ids.len(),
             "tokens": g.generated_ids.len(),

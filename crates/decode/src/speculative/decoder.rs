@@ -35,6 +35,17 @@ pub struct SpeculativeStats {
 }
 
 impl SpeculativeStats {
+    /// Adds another run's counters (prefill time included).
+    pub fn add(&mut self, o: &SpeculativeStats) {
+        self.target_forwards += o.target_forwards;
+        self.committed_tokens += o.committed_tokens;
+        self.drafted_nodes += o.drafted_nodes;
+        self.accepted_drafts += o.accepted_drafts;
+        self.draft_time += o.draft_time;
+        self.verify_time += o.verify_time;
+        self.prefill_time += o.prefill_time;
+    }
+
     /// τ: mean tokens committed per target forward, bonus token included (1.0 = no speed-up from drafting).
     pub fn acceptance_length(&self) -> f64 {
         if self.target_forwards == 0 {
