@@ -312,7 +312,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         if !lossless {
             println!(
                 "\nagreement with dense: mean matching prefix {:.1} tokens, {:.0}% of outputs identical; \
-                 {:.2} of {} layers per token, {:.0}% exited early, {:.2} predictor calls and {:.3} failed \
+                 {:.2} of {} layers per token, {:.0}% exited at a predictor, {:.2} predictor calls and {:.3} failed \
                  verifications per token",
                 out["mean_matching_prefix"].as_f64().unwrap_or(0.0),
                 100.0 * out["exact_match"].as_f64().unwrap_or(0.0),

@@ -102,7 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     println!(
         "teacher-forced ({} positions of {}): agreement {:.4}, PPL dense {:.4} → mode {:.4} ({:+.2}%), \
-         {:.2} of {} layers per token, {:.0}% exited early, {:.2} predictor calls and {:.3} failed verifications \
+         {:.2} of {} layers per token, {:.0}% exited at a predictor, {:.2} predictor calls and {:.3} failed verifications \
          per token",
         t.positions,
         a.text.display(),

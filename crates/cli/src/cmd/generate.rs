@@ -122,7 +122,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
         if let RunStats::Specee(s) = stats {
             eprintln!(
-                "specee: {:.1} of {} layers per token, {:.0}% of tokens exited early, {:.2} predictor calls and \
+                "specee: {:.1} of {} layers per token, {:.0}% of tokens exited at a predictor, {:.2} predictor calls and \
                  {:.3} failed verifications per token",
                 s.avg_layers(),
                 eng.model.config.n_layers,

@@ -89,7 +89,7 @@ pub struct SpecEeStats {
     pub tokens: usize,
     /// Layers run, summed over tokens.
     pub layers: usize,
-    /// Tokens that exited before the last layer.
+    /// Tokens emitted by a predictor's exit: before the last layer, or after it without the full head.
     pub exits: usize,
     /// Predictor evaluations.
     pub predictor_calls: usize,
