@@ -54,13 +54,13 @@ fn never_exiting_equals_dense_and_traces_match_dense_logits() {
     for prompt in prompts(2) {
         let want = dense_greedy(&model, &prompt, 24, THREADS);
         let config = SpecEeConfig { threshold: Some(2.0), ..Default::default() };
-        let mut dec = SpecEeDecoder::new(&model, 256, THREADS, head.clone(), predictors.clone(), config);
+        let mut dec = SpecEeDecoder::new(&model, 256, THREADS, &head, &predictors, config);
         assert_eq!(run(&mut dec, &prompt, 24), want);
         assert_eq!(dec.stats().exits, 0);
         assert!(dec.stats().predictor_calls > 0);
 
         // Tracing: same tokens; the last layer's candidate logits are the dense logits of those ids.
-        let mut dec = SpecEeDecoder::new(&model, 256, THREADS, head.clone(), predictors.clone(), config);
+        let mut dec = SpecEeDecoder::new(&model, 256, THREADS, &head, &predictors, config);
         let mut dense = DenseDecoder::new(&model, 256, THREADS);
         let mut next = dec.feed(&prompt).unwrap();
         assert_eq!(next, argmax(dense.feed(&prompt).unwrap()));
@@ -87,7 +87,7 @@ fn shipped_predictors_exit_and_keep_the_kv_policy() {
     let want = dense_greedy(&model, prompt, 48, THREADS);
     for (policy, verify) in [(KvPolicy::Missing, Verify::Candidates), (KvPolicy::Propagate, Verify::Full)] {
         let config = SpecEeConfig { policy, verify, ..Default::default() };
-        let mut dec = SpecEeDecoder::new(&model, 256, THREADS, head.clone(), predictors.clone(), config);
+        let mut dec = SpecEeDecoder::new(&model, 256, THREADS, &head, &predictors, config);
         let got = run(&mut dec, prompt, 48);
         let st = *dec.stats();
         let prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();

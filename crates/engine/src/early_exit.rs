@@ -41,9 +41,14 @@ pub struct SpecEeSetup {
 }
 
 impl SpecEeSetup {
-    /// A decoder for `capacity` tokens.
-    pub fn decoder<'m>(&self, engine: &'m Engine, capacity: usize, threads: usize) -> SpecEeDecoder<'m> {
-        SpecEeDecoder::new(&engine.model, capacity, threads, self.head.clone(), self.predictors.clone(), self.config)
+    /// A decoder for `capacity` tokens (borrowing the head and predictors: nothing is copied per generation).
+    pub fn decoder<'m>(&'m self, engine: &'m Engine, capacity: usize, threads: usize) -> SpecEeDecoder<'m> {
+        SpecEeDecoder::new(&engine.model, capacity, threads, &self.head, &self.predictors, self.config)
+    }
+
+    /// The exit threshold the decoder will use.
+    pub fn threshold(&self) -> f32 {
+        self.config.threshold_for(&self.predictors)
     }
 }
 

@@ -161,7 +161,7 @@ pub fn collect_exit(
     let n_layers = model.config.n_layers;
     let ctx = opts.max_input + opts.max_new + 8;
     let predictors = ExitPredictors::empty(n_layers);
-    let mut dec = SpecEeDecoder::new(model, ctx, opts.threads, head, predictors, SpecEeConfig::default());
+    let mut dec = SpecEeDecoder::new(model, ctx, opts.threads, &head, &predictors, SpecEeConfig::default());
     let mut data = ExitData { n_layers, ..Default::default() };
     for (i, record) in records.iter().enumerate() {
         dec.reset();

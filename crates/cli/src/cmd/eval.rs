@@ -68,7 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "mode": "specee",
         "kv_policy": format!("{:?}", setup.config.policy).to_lowercase(),
         "verify": format!("{:?}", setup.config.verify).to_lowercase(),
-        "threshold": setup.decoder(&eng, 1, 1).threshold(),
+        "threshold": setup.threshold(),
         "n_layers": n_layers,
         "positions": t.positions,
         "agreement": t.agreement,

@@ -82,6 +82,16 @@ pub struct SpecEeConfig {
     pub offline_only: bool,
 }
 
+impl SpecEeConfig {
+    /// The exit threshold in use with `predictors`: the explicit one, else the file's for the chosen verification.
+    pub fn threshold_for(&self, predictors: &ExitPredictors) -> f32 {
+        self.threshold.unwrap_or(match self.verify {
+            Verify::Full => predictors.threshold,
+            Verify::Candidates => predictors.threshold_unverified,
+        })
+    }
+}
+
 /// Counters since the decoder was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SpecEeStats {
@@ -171,8 +181,8 @@ pub struct SpecEeDecoder<'m> {
     model: &'m Model,
     kv: KvCache,
     ws: Workspace,
-    head: DraftHead,
-    predictors: ExitPredictors,
+    head: &'m DraftHead,
+    predictors: &'m ExitPredictors,
     scheduler: Scheduler,
     config: SpecEeConfig,
     threshold: f32,
@@ -199,16 +209,13 @@ impl<'m> SpecEeDecoder<'m> {
         model: &'m Model,
         ctx: usize,
         threads: usize,
-        head: DraftHead,
-        predictors: ExitPredictors,
+        head: &'m DraftHead,
+        predictors: &'m ExitPredictors,
         config: SpecEeConfig,
     ) -> Self {
         let available = predictors.layers.iter().map(Option::is_some).collect();
         let scheduler = Scheduler::new(predictors.schedule.clone(), available, !config.offline_only);
-        let threshold = config.threshold.unwrap_or(match config.verify {
-            Verify::Full => predictors.threshold,
-            Verify::Candidates => predictors.threshold_unverified,
-        });
+        let threshold = config.threshold_for(predictors);
         SpecEeDecoder {
             model,
             kv: model.new_cache(ctx),
@@ -503,19 +510,27 @@ mod tests {
         out
     }
 
-    fn decoder(model: &Model, config: SpecEeConfig) -> SpecEeDecoder<'_> {
+    /// The random head and predictors every test decoder uses.
+    fn parts(model: &Model) -> (DraftHead, ExitPredictors) {
         let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
-        let predictors = random_predictors(model.config.n_layers, 16, 3);
-        SpecEeDecoder::new(model, 128, 2, head, predictors, config)
+        (head, random_predictors(model.config.n_layers, 16, 3))
     }
 
     #[test]
     fn never_exiting_and_tracing_equal_dense_greedy() {
         for arch in ["llama", "gemma3"] {
             let model = model::testing::tiny_model(arch, None, 11, 64);
+            let (head, predictors) = parts(&model);
             let n_layers = model.config.n_layers;
             let want = dense_greedy(&model, 24);
-            let mut dec = decoder(&model, SpecEeConfig { threshold: Some(2.0), ..Default::default() });
+            let mut dec = SpecEeDecoder::new(
+                &model,
+                128,
+                2,
+                &head,
+                &predictors,
+                SpecEeConfig { threshold: Some(2.0), ..Default::default() },
+            );
             let mut got = vec![dec.feed(&PROMPT).unwrap()];
             while got.len() < want.len() {
                 got.push(dec.step(*got.last().unwrap(), false).unwrap().token);
@@ -525,7 +540,7 @@ mod tests {
             assert_eq!((st.exits, st.layers), (0, st.tokens * n_layers));
             assert!(st.predictor_calls > 0);
 
-            let mut dec = decoder(&model, SpecEeConfig::default());
+            let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, SpecEeConfig::default());
             let mut trace = Vec::new();
             let mut got = vec![dec.feed(&PROMPT).unwrap()];
             while got.len() < want.len() {
@@ -539,11 +554,12 @@ mod tests {
     #[test]
     fn exits_obey_verification_and_kv_policy() {
         let model = model::testing::tiny_model("llama", None, 11, 64);
+        let (head, predictors) = parts(&model);
         let n_layers = model.config.n_layers;
         for verify in [Verify::Full, Verify::Candidates] {
             for policy in [KvPolicy::Missing, KvPolicy::Propagate, KvPolicy::Deferred] {
                 let config = SpecEeConfig { policy, verify, threshold: Some(-1.0), offline_only: true };
-                let mut dec = decoder(&model, config);
+                let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, config);
                 let mut t = dec.feed(&PROMPT).unwrap();
                 for _ in 0..12 {
                     let step = dec.step(t, true).unwrap();
@@ -577,9 +593,10 @@ mod tests {
     #[test]
     fn deferred_rows_ride_along_with_the_next_full_token() {
         let model = model::testing::tiny_model("llama", None, 11, 64);
+        let (head, predictors) = parts(&model);
         let n_layers = model.config.n_layers;
         let config = SpecEeConfig { policy: KvPolicy::Deferred, offline_only: true, ..Default::default() };
-        let mut dec = decoder(&model, config);
+        let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, config);
         let mut t = dec.feed(&PROMPT).unwrap();
         dec.set_threshold(-1.0);
         for _ in 0..3 {
