@@ -1,5 +1,6 @@
 //! The CLI on the real default models, against llama.cpp's reference outputs: tokenization, greedy generation
-//! (raw and `--chat`), and perplexity within 1% of llama.cpp's.
+//! (raw and `--chat`), perplexity within 1% of llama.cpp's, `specee eval`, and `--mode eagle` with a published
+//! EAGLE-3 checkpoint.
 
 mod common;
 
@@ -139,4 +140,87 @@ fn eval_reports_agreement_perplexity_and_layers() {
     let layers = v["avg_layers"].as_f64().unwrap();
     assert!(layers > 0.0 && layers <= 30.0, "{v}");
     assert_eq!(v["kv_policy"], "deferred");
+}
+
+/// Writes a random EAGLE-3 checkpoint for SmolLM2 (width 576, 9 heads over 3 KV heads, RoPE base 100000) in the
+/// authors' layout (`midlayer.*`, F16 safetensors, `d2t`, a bool `t2d`, a stray `embed_tokens`): FFN 256, a
+/// draft vocabulary of the first 1024 tokens.
+fn random_eagle3_checkpoint(dir: &std::path::Path) {
+    use safetensors::{tensor::TensorView, Dtype};
+    let (d, ff, nv, hd) = (576usize, 256usize, 1024usize, 64usize);
+    let mut state = 0x5eed_u64;
+    let mut rnd = |n: usize, scale: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let x = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale;
+                half::f16::from_f32(x).to_le_bytes()
+            })
+            .collect()
+    };
+    let f16: Vec<(&str, Vec<usize>, f32)> = vec![
+        ("fc.weight", vec![d, 3 * d], 0.03),
+        ("midlayer.self_attn.q_proj.weight", vec![9 * hd, 2 * d], 0.03),
+        ("midlayer.self_attn.k_proj.weight", vec![3 * hd, 2 * d], 0.03),
+        ("midlayer.self_attn.v_proj.weight", vec![3 * hd, 2 * d], 0.03),
+        ("midlayer.self_attn.o_proj.weight", vec![d, 9 * hd], 0.03),
+        ("midlayer.mlp.gate_proj.weight", vec![ff, d], 0.05),
+        ("midlayer.mlp.up_proj.weight", vec![ff, d], 0.05),
+        ("midlayer.mlp.down_proj.weight", vec![d, ff], 0.05),
+        ("midlayer.input_layernorm.weight", vec![d], 1.0),
+        ("midlayer.hidden_norm.weight", vec![d], 1.0),
+        ("midlayer.post_attention_layernorm.weight", vec![d], 1.0),
+        ("norm.weight", vec![d], 1.0),
+        ("lm_head.weight", vec![nv, d], 0.2),
+        ("embed_tokens.weight", vec![16, d], 1.0),
+    ];
+    let bytes: Vec<(&str, Vec<usize>, Vec<u8>)> =
+        f16.into_iter().map(|(n, s, scale)| (n, s.clone(), rnd(s.iter().product(), scale))).collect();
+    let d2t: Vec<u8> = (0..nv).flat_map(|_| 0i64.to_le_bytes()).collect();
+    let t2d: Vec<u8> = (0..49152).map(|i| (i < nv) as u8).collect();
+    let mut views: Vec<(&str, TensorView<'_>)> =
+        bytes.iter().map(|(n, s, b)| (*n, TensorView::new(Dtype::F16, s.clone(), b).unwrap())).collect();
+    views.push(("d2t", TensorView::new(Dtype::I64, vec![nv], &d2t).unwrap()));
+    views.push(("t2d", TensorView::new(Dtype::BOOL, vec![49152], &t2d).unwrap()));
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+    let config = format!(
+        "{{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"hidden_size\": {d}, \"intermediate_size\": {ff}, \
+         \"num_attention_heads\": 9, \"num_key_value_heads\": 3, \"rms_norm_eps\": 1e-5, \"rope_theta\": 100000.0, \
+         \"vocab_size\": 49152, \"draft_vocab_size\": {nv}}}"
+    );
+    std::fs::write(dir.join("config.json"), config).unwrap();
+}
+
+/// `--mode eagle --draft DIR` with a published EAGLE-3 checkpoint (random weights, so drafts are mostly wrong):
+/// greedy output identical to dense on SmolLM2; `--mode specee` refuses it with a clear message.
+#[test]
+fn published_eagle3_checkpoint_is_lossless_through_the_cli() {
+    let m = smollm2();
+    let dir = std::env::temp_dir().join(format!("specee-eagle3-cli-{}", std::process::id()));
+    random_eagle3_checkpoint(&dir);
+    let prompt = "The three primary colors are";
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["generate", "-m", m.to_str().unwrap(), "-p", prompt, "-n", "32", "-t", "2", "--json"];
+        args.extend_from_slice(extra);
+        let o = specee(&args, Duration::from_secs(300));
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(stdout(&o).trim()).unwrap()
+    };
+    let dense = run(&[]);
+    let eagle = run(&["--mode", "eagle", "--draft", dir.to_str().unwrap()]);
+    assert_eq!(ids(&eagle["generated_ids"]), ids(&dense["generated_ids"]));
+    assert_eq!(ids(&eagle["generated_ids"]).len(), 32);
+
+    let o = specee(
+        &["generate", "-m", m.to_str().unwrap(), "-p", prompt, "-n", "4", "--mode", "specee", "--draft"]
+            .iter()
+            .chain(&[dir.to_str().unwrap()])
+            .copied()
+            .collect::<Vec<_>>(),
+        Duration::from_secs(120),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("published EAGLE checkpoint"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
 }

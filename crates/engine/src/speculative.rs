@@ -2,12 +2,15 @@
 //! timings as dense [`Engine::generate`], plus the speculative counters (τ, draft and verify time).
 //!
 //! Draft heads: `--draft FILE`, or the head shipped for the model: `heads/<model file stem>.draft.safetensors`
-//! in the repository (beside `models/`).
+//! in the repository (beside `models/`). `--mode eagle --draft DIR` also takes a published EAGLE-1/2/3
+//! checkpoint of a Llama-family model (a folder with `config.json` and `model.safetensors` or
+//! `pytorch_model.bin`): see [`load_eagle`].
 
 use crate::error::EngineError;
 use crate::session::{Emitter, Engine, GenerateParams, Generation};
 use decode::speculative::{
-    DraftHead, EagleProposer, NgramProposer, Proposer, SpeculativeDecoder, SpeculativeStats, TreeConfig,
+    DraftHead, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer, SpeculativeDecoder,
+    SpeculativeStats, TreeConfig,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -63,14 +66,41 @@ pub fn load_head(engine: &Engine, model_path: &Path, path: Option<&Path>) -> Res
     if !path.exists() {
         return Err(EngineError::NoDraftHead(path));
     }
+    if decode::speculative::published::is_published(&path) {
+        return Err(EngineError::Unsupported(format!(
+            "{} is a published EAGLE checkpoint, which drafts whole trees with its own attention cache; it works \
+             with --mode eagle. This mode needs a head in specee's own format (`specee train-draft`)",
+            path.display()
+        )));
+    }
     let head = DraftHead::load(&path).map_err(|source| EngineError::DraftHead { path: path.clone(), source })?;
     head.check_fits(&engine.model).map_err(|source| EngineError::DraftHead { path: path.clone(), source })?;
     Ok(head)
 }
 
+/// The `--mode eagle` proposer: a published EAGLE-1/2/3 checkpoint when `path` is one (a folder with
+/// `config.json`, or its weights file; see [`decode::speculative::published`]), otherwise a head in specee's own
+/// format (`path`, or the model's shipped one). `tree` overrides the kind's default tree sizes.
+pub fn load_eagle(
+    engine: &Engine,
+    model_path: &Path,
+    path: Option<&Path>,
+    tree: Option<TreeConfig>,
+) -> Result<AnyProposer, EngineError> {
+    if let Some(p) = path.filter(|p| p.exists() && decode::speculative::published::is_published(p)) {
+        let err = |source| EngineError::PublishedHead { path: p.to_path_buf(), source };
+        let head = PublishedHead::load(p).map_err(err)?;
+        let tree = tree.unwrap_or_else(PublishedProposer::default_tree);
+        return Ok(AnyProposer::Published(Box::new(PublishedProposer::new(head, &engine.model, tree).map_err(err)?)));
+    }
+    Ok(AnyProposer::eagle(load_head(engine, model_path, path)?, tree))
+}
+
 /// A proposer for one of the speculative modes.
 pub enum AnyProposer {
     Eagle(Box<EagleProposer>),
+    /// A published EAGLE-1/2/3 checkpoint.
+    Published(Box<PublishedProposer>),
     Ngram(NgramProposer),
 }
 
@@ -78,6 +108,7 @@ impl Proposer for AnyProposer {
     fn feature_source(&self) -> decode::speculative::FeatureSource {
         match self {
             AnyProposer::Eagle(p) => p.feature_source(),
+            AnyProposer::Published(p) => p.feature_source(),
             AnyProposer::Ngram(p) => p.feature_source(),
         }
     }
@@ -88,6 +119,7 @@ impl Proposer for AnyProposer {
     ) -> Result<(), decode::speculative::SpeculativeError> {
         match self {
             AnyProposer::Eagle(p) => p.propose(context, tree),
+            AnyProposer::Published(p) => p.propose(context, tree),
             AnyProposer::Ngram(p) => p.propose(context, tree),
         }
     }

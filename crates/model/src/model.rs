@@ -105,6 +105,12 @@ impl Model {
         QMatrix { ty: m.ty, data: self.file.tensor_bytes(&m.info), rows: m.rows, cols: m.cols }
     }
 
+    /// The output head (`vocab × n_embd`, in its stored type), for callers that multiply by it on their own
+    /// threads (a published EAGLE-1 head drafts through the target's head).
+    pub fn output_matrix(&self) -> QMatrix<'_> {
+        self.qmatrix(&self.weights.output)
+    }
+
     /// Writes the embeddings of `tokens` into `out` (`tokens.len() × n_embd`).
     pub fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<(), ModelError> {
         let d = self.config.n_embd;

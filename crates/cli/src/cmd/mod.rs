@@ -74,10 +74,12 @@ pub struct ModeArgs {
     /// per-layer predictors; lossy, greedy).
     #[arg(long, default_value = "dense")]
     pub mode: engine::speculative::Mode,
-    /// Draft head for --mode eagle and specee (default: heads/<model file stem>.draft.safetensors).
+    /// Draft head for --mode eagle and specee (default: heads/<model file stem>.draft.safetensors). --mode eagle
+    /// also takes a published EAGLE-1/2/3 checkpoint folder (config.json + model.safetensors or pytorch_model.bin).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle: 1,1,1; for ngram: 5,2,8).
+    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle: 1,1,1, or 4,4,10 with a published head; for ngram:
+    /// 5,2,8).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
     /// Exit predictors for --mode specee (default: heads/<model file stem>.exit.safetensors).
@@ -128,12 +130,10 @@ pub enum RunStats {
 impl ModeArgs {
     /// What `--mode` runs with (head, predictors, proposer loaded).
     pub fn runner(&self, eng: &engine::Engine, model_path: &std::path::Path) -> anyhow::Result<Runner> {
-        use engine::speculative::{load_head, AnyProposer, Mode};
+        use engine::speculative::{load_eagle, AnyProposer, Mode};
         Ok(match self.mode {
             Mode::Dense => Runner::Dense,
-            Mode::Eagle => {
-                Runner::Speculative(AnyProposer::eagle(load_head(eng, model_path, self.draft.as_deref())?, self.tree))
-            }
+            Mode::Eagle => Runner::Speculative(load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?),
             Mode::Ngram => {
                 let mut p = decode::speculative::NgramProposer::default();
                 if let Some(t) = self.tree {

@@ -57,25 +57,30 @@ pub enum DraftHeadError {
 
 /// A weight matrix owned by the head, in a kernel type.
 #[derive(Clone, Debug)]
-struct OwnedMatrix {
+pub(crate) struct OwnedMatrix {
     ty: GgmlType,
     data: Vec<u8>,
-    rows: usize,
-    cols: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
 }
 
 impl OwnedMatrix {
     /// Q8_0 when `cols` allows it (the target's own activation path), F32 otherwise.
-    fn from_f32(values: &[f32], rows: usize, cols: usize) -> OwnedMatrix {
+    pub(crate) fn from_f32(values: &[f32], rows: usize, cols: usize) -> OwnedMatrix {
         if cols % 32 == 0 {
             OwnedMatrix { ty: GgmlType::Q8_0, data: kernels::quantize_q8_0_weights(values), rows, cols }
         } else {
-            let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            OwnedMatrix { ty: GgmlType::F32, data, rows, cols }
+            OwnedMatrix::exact(values, rows, cols)
         }
     }
 
-    fn view(&self) -> QMatrix<'_> {
+    /// F32 whatever the width (exact; for tests against a plain reference).
+    pub(crate) fn exact(values: &[f32], rows: usize, cols: usize) -> OwnedMatrix {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        OwnedMatrix { ty: GgmlType::F32, data, rows, cols }
+    }
+
+    pub(crate) fn view(&self) -> QMatrix<'_> {
         QMatrix { ty: self.ty, data: &self.data, rows: self.rows, cols: self.cols }
     }
 }
@@ -328,7 +333,7 @@ impl EagleProposer {
 }
 
 /// Log-softmax of `logits` and its `k` best entries as `(index, log_prob)`, best first.
-fn top_k_log_probs(logits: &[f32], k: usize, order: &mut Vec<u32>, out: &mut Vec<(u32, f32)>) {
+pub(crate) fn top_k_log_probs(logits: &[f32], k: usize, order: &mut Vec<u32>, out: &mut Vec<(u32, f32)>) {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let log_sum = max + logits.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
     top_k_indices(logits, k, order);

@@ -45,6 +45,7 @@ pub mod eagle;
 pub mod ngram;
 pub mod oracle;
 pub mod proposer;
+pub mod published;
 pub mod tree;
 pub mod verify;
 
@@ -53,6 +54,7 @@ pub use eagle::{DraftHead, DraftHeadError, EagleProposer};
 pub use ngram::{NgramConfig, NgramProposer};
 pub use oracle::OracleProposer;
 pub use proposer::{DraftContext, FeatureSource, Proposer};
+pub use published::{PublishedHead, PublishedHeadError, PublishedProposer};
 pub use tree::{build_dynamic_tree, DraftNode, DraftTree, TreeConfig};
 
 use model::ModelError;
