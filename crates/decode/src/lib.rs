@@ -13,6 +13,9 @@ pub mod sampling;
 pub mod specee;
 pub mod speculative;
 
+#[cfg(test)]
+pub(crate) mod test_util;
+
 pub use dense::DenseDecoder;
 pub use sampling::{Sampler, SamplingParams};
 pub use speculative::SpeculativeDecoder;

@@ -495,20 +495,8 @@ mod tests {
     use super::*;
     use crate::specee::predictor::tests::random_predictors;
     use crate::speculative::eagle::tests::random_head_bytes;
-    use crate::DenseDecoder;
 
-    const PROMPT: [u32; 8] = [1, 7, 3, 9, 4, 4, 12, 5];
-
-    fn dense_greedy(model: &Model, n: usize) -> Vec<u32> {
-        let mut dense = DenseDecoder::new(model, 128, 2);
-        let mut out = Vec::new();
-        let mut next = argmax(dense.feed(&PROMPT).unwrap());
-        for _ in 0..n {
-            out.push(next);
-            next = argmax(dense.feed(&[next]).unwrap());
-        }
-        out
-    }
+    use crate::test_util::{dense_greedy, PROMPT};
 
     /// The random head and predictors every test decoder uses.
     fn parts(model: &Model) -> (DraftHead, ExitPredictors) {

@@ -405,8 +405,7 @@ impl Proposer for EagleProposer {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::sampling::argmax;
-    use crate::{DenseDecoder, SamplingParams, SpeculativeDecoder};
+    use crate::{SamplingParams, SpeculativeDecoder};
     use safetensors::tensor::TensorView;
     use safetensors::Dtype;
 
@@ -459,23 +458,12 @@ pub(crate) mod tests {
     fn eagle_greedy_equals_dense_greedy_on_a_tiny_model() {
         for arch in ["llama", "gemma3"] {
             let model = model::testing::tiny_model(arch, None, 11, 64);
-            let prompt: Vec<u32> = vec![1, 7, 3, 9, 4, 4, 12, 5];
             let n = 40;
-            let mut dense = DenseDecoder::new(&model, 128, 2);
-            let mut want = Vec::new();
-            let mut next = argmax(dense.feed(&prompt).unwrap());
-            for _ in 0..n {
-                want.push(next);
-                next = argmax(dense.feed(&[next]).unwrap());
-            }
+            let want = crate::test_util::dense_greedy(&model, n);
             let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
             let proposer = EagleProposer::new(head, TreeConfig { depth: 4, top_k: 3, budget: 8 });
             let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
-            dec.feed(&prompt).unwrap();
-            let mut got = Vec::new();
-            while got.len() < n {
-                got.extend_from_slice(dec.step_at_most(n - got.len()).unwrap());
-            }
+            let got = crate::test_util::speculative_greedy(&mut dec, n);
             assert_eq!(got, want, "{arch}");
             assert!(dec.stats().drafted_nodes > 0, "the head drafted nothing");
         }

@@ -2,10 +2,9 @@
 //! archives), loading and its errors, drafting against a plain re-implementation, and losslessness.
 
 use super::*;
-use crate::sampling::argmax;
 use crate::speculative::proposer::{DraftContext, Proposer};
 use crate::speculative::tree::{DraftTree, TreeConfig};
-use crate::{DenseDecoder, SamplingParams, SpeculativeDecoder};
+use crate::{SamplingParams, SpeculativeDecoder};
 use std::io::Write;
 
 const D: usize = 32;
@@ -468,24 +467,13 @@ fn drafts_match_a_plain_reimplementation_and_the_cache_changes_nothing() {
 #[test]
 fn published_heads_are_lossless_on_a_tiny_model() {
     let model = model::testing::tiny_model("llama", None, 13, VOCAB);
-    let prompt: Vec<u32> = vec![1, 7, 3, 9, 4, 4, 12, 5];
     let n = 40;
-    let mut dense = DenseDecoder::new(&model, 128, 2);
-    let mut want = Vec::new();
-    let mut next = argmax(dense.feed(&prompt).unwrap());
-    for _ in 0..n {
-        want.push(next);
-        next = argmax(dense.feed(&[next]).unwrap());
-    }
+    let want = crate::test_util::dense_greedy(&model, n);
     for version in [EagleVersion::Eagle1, EagleVersion::Eagle3] {
         let head = head_of(&checkpoint(version, false, 17), version, true);
         let proposer = PublishedProposer::new(head, &model, PublishedProposer::default_tree()).unwrap();
         let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
-        dec.feed(&prompt).unwrap();
-        let mut got = Vec::new();
-        while got.len() < n {
-            got.extend_from_slice(dec.step_at_most(n - got.len()).unwrap());
-        }
+        let got = crate::test_util::speculative_greedy(&mut dec, n);
         assert_eq!(got, want, "{version:?}");
         assert!(dec.stats().drafted_nodes > 0, "{version:?}: the head drafted nothing");
     }
