@@ -18,7 +18,8 @@
 //!    tools, logprobs, non-text `response_format`, unknown fields) are refused with a 400.
 //! 4. [`scheduler`]: bounded admission (429 with `Retry-After` beyond `--parallel` + `--queue`) and worker
 //!    threads that run the engine; a client that disconnects cancels its generation.
-//! 5. [`mode`]: the decoding modes a request may pick (`{"specee": {"mode": "dense"}}`).
+//! 5. [`mode`]: the decoding modes a request may pick (`{"specee": {"mode": "dense|eagle|specee"}}`) and what
+//!    they run with ([`ModeResources`]: the draft head, the early-exit setup; loaded once at start).
 //! 6. [`metrics`]: counters behind `/metrics`.
 //!
 //! SIGTERM or ctrl-c stops accepting connections, lets in-flight and queued requests finish, then returns;
@@ -39,7 +40,7 @@ pub mod scheduler;
 pub mod wire;
 
 pub use error::{ApiError, ServerError};
-pub use mode::Mode;
+pub use mode::{Mode, ModeResources};
 
 use metrics::Metrics;
 use request::RequestDefaults;
@@ -73,6 +74,8 @@ pub struct Config {
     pub body_limit: usize,
     /// The model's id in `/v1/models` and in responses.
     pub model_id: String,
+    /// What the modes beyond dense run with (none by default: dense only).
+    pub resources: ModeResources,
 }
 
 impl Default for Config {
@@ -87,6 +90,7 @@ impl Default for Config {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             body_limit: DEFAULT_BODY_LIMIT,
             model_id: "specee".into(),
+            resources: ModeResources::default(),
         }
     }
 }
@@ -105,7 +109,12 @@ pub fn run(engine: engine::Engine, config: Config) -> Result<(), ServerError> {
 
 async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError> {
     let n_layers = engine.model.config.n_layers;
-    let defaults = RequestDefaults { mode: config.mode, vocab_size: engine.tokenizer.vocab_size() };
+    let unavailable: Vec<(Mode, &'static str)> =
+        Mode::ALL.iter().filter_map(|&m| config.resources.missing(m).map(|why| (m, why))).collect();
+    if let Some((m, why)) = unavailable.iter().find(|(m, _)| *m == config.mode) {
+        return Err(ServerError::Config(format!("--mode {} cannot run: {why}", m.name())));
+    }
+    let defaults = RequestDefaults { mode: config.mode, vocab_size: engine.tokenizer.vocab_size(), unavailable };
     let metrics = Arc::new(Metrics::new(config.queue, config.parallel, n_layers));
     let scheduler_config = SchedulerConfig {
         parallel: config.parallel,
@@ -118,7 +127,8 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
         .await
         .map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
-    let scheduler = Scheduler::start(Arc::new(engine), Arc::clone(&metrics), &scheduler_config)?;
+    let resources = Arc::new(config.resources.clone());
+    let scheduler = Scheduler::start(Arc::new(engine), resources, Arc::clone(&metrics), &scheduler_config)?;
     let state = Arc::new(AppState::new(scheduler, metrics, defaults, config.model_id.clone(), config.body_limit));
     if !local.ip().is_loopback() {
         eprintln!(

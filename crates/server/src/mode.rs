@@ -1,8 +1,8 @@
-//! Decoding modes a request may select (`--mode`, or `{"specee": {"mode": …}}` per request), and what each
-//! reports to the metrics: layers executed per generated token (the "exit layer") and tokens per forward
-//! step (the "acceptance length"). Only `dense` exists yet; later modes (early exit, speculative trees) add a
-//! variant here, a branch in [`crate::scheduler`]'s dispatch, and their statistics.
+//! Decoding modes a request may select (`--mode`, or `{"specee": {"mode": …}}` per request), what each needs
+//! loaded ([`ModeResources`]), and what each reports to the metrics: layers executed per generated token (the
+//! "exit layer") and tokens per full-model forward step (the "acceptance length").
 
+use engine::early_exit::SpecEeSetup;
 use engine::Generation;
 
 /// A decoding strategy.
@@ -10,16 +10,23 @@ use engine::Generation;
 pub enum Mode {
     /// Every token through every layer: the lossless reference.
     Dense,
+    /// Tree speculative decoding with the model's draft head: lossless (greedy output identical to dense,
+    /// sampling from the same distribution).
+    Eagle,
+    /// Speculative early exit with the model's exit predictors: lossy, greedy only.
+    Specee,
 }
 
 impl Mode {
-    /// Every mode this server can run, in the order metrics list them.
-    pub const ALL: &'static [Mode] = &[Mode::Dense];
+    /// Every mode this server knows, in the order metrics list them.
+    pub const ALL: &'static [Mode] = &[Mode::Dense, Mode::Eagle, Mode::Specee];
 
     /// The name used on the command line, in requests and as the metrics' `mode` label.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Dense => "dense",
+            Mode::Eagle => "eagle",
+            Mode::Specee => "specee",
         }
     }
 
@@ -32,13 +39,50 @@ impl Mode {
     pub fn names() -> String {
         Mode::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
     }
+}
 
-    /// What one finished generation contributes to this mode's statistics.
-    pub fn decode_stats(self, generation: &Generation, n_layers: usize) -> DecodeStats {
-        let tokens = generation.generated_ids.len() as u64;
-        match self {
-            // Dense runs all layers for every token and produces one token per forward step.
-            Mode::Dense => DecodeStats { tokens, layers: tokens * n_layers as u64, steps: tokens },
+/// What the modes beyond dense run with, loaded once at start: the draft head (`eagle`) and the early-exit setup
+/// (`specee`: head, predictors, settings). A mode whose part is missing is refused per request with a 400.
+#[derive(Clone, Default)]
+pub struct ModeResources {
+    pub draft: Option<decode::speculative::DraftHead>,
+    pub specee: Option<SpecEeSetup>,
+}
+
+impl std::fmt::Debug for ModeResources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModeResources")
+            .field("draft", &self.draft.is_some())
+            .field("specee", &self.specee.is_some())
+            .finish()
+    }
+}
+
+impl ModeResources {
+    /// The modes these resources can run (dense always).
+    pub fn available(&self) -> Vec<Mode> {
+        Mode::ALL
+            .iter()
+            .copied()
+            .filter(|m| match m {
+                Mode::Dense => true,
+                Mode::Eagle => self.draft.is_some(),
+                Mode::Specee => self.specee.is_some(),
+            })
+            .collect()
+    }
+
+    /// Why `mode` cannot run here, if it cannot.
+    pub fn missing(&self, mode: Mode) -> Option<&'static str> {
+        match mode {
+            Mode::Dense => None,
+            Mode::Eagle => self.draft.is_none().then_some(
+                "no draft head was loaded for this model (ship heads/<model>.draft.safetensors or start with --draft FILE)",
+            ),
+            Mode::Specee => self.specee.is_none().then_some(
+                "no draft head and exit predictors were loaded for this model (heads/<model>.{draft,exit}.safetensors, \
+                 or --draft FILE --exit FILE)",
+            ),
         }
     }
 }
@@ -55,6 +99,14 @@ pub struct DecodeStats {
     pub steps: u64,
 }
 
+impl DecodeStats {
+    /// A dense generation: all layers for every token, one token per forward step.
+    pub fn dense(generation: &Generation, n_layers: usize) -> DecodeStats {
+        let tokens = generation.generated_ids.len() as u64;
+        DecodeStats { tokens, layers: tokens * n_layers as u64, steps: tokens }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,6 +117,10 @@ mod tests {
             assert_eq!(Mode::parse(m.name()), Some(m));
         }
         assert_eq!(Mode::parse("turbo"), None);
-        assert_eq!(Mode::names(), "dense");
+        assert_eq!(Mode::names(), "dense, eagle, specee");
+        let none = ModeResources::default();
+        assert_eq!(none.available(), vec![Mode::Dense]);
+        assert!(none.missing(Mode::Eagle).unwrap().contains("draft head"));
+        assert!(none.missing(Mode::Dense).is_none());
     }
 }

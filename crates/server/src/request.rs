@@ -56,6 +56,8 @@ pub struct RequestDefaults {
     pub mode: Mode,
     /// Largest valid token id + 1.
     pub vocab_size: usize,
+    /// Modes this server cannot run, with the reason (see [`crate::mode::ModeResources::missing`]).
+    pub unavailable: Vec<(Mode, &'static str)>,
 }
 
 /// Parses a JSON body into `T`; syntax and type errors become 400s naming the field.
@@ -253,6 +255,18 @@ impl Common {
             }
             stop_at_eog = !x.ignore_eos.unwrap_or(false);
         }
+        if let Some((_, why)) = defaults.unavailable.iter().find(|(m, _)| *m == mode) {
+            return Err(ApiError::invalid_param(
+                "specee.mode",
+                format!("decoding mode '{}' is not available on this server: {why}", mode.name()),
+            ));
+        }
+        if mode == Mode::Specee && !sampling.is_greedy() {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                "decoding mode 'specee' decodes greedily only: send temperature 0 (or pick mode 'eagle' or 'dense')",
+            ));
+        }
         Ok(GenerationRequest {
             input,
             max_tokens: self.max_tokens,
@@ -435,7 +449,7 @@ mod tests {
     use crate::wire::{ChatCompletionRequest, CompletionRequest};
 
     fn defaults() -> RequestDefaults {
-        RequestDefaults { mode: Mode::Dense, vocab_size: 100 }
+        RequestDefaults { mode: Mode::Dense, vocab_size: 100, unavailable: vec![(Mode::Specee, "no predictors")] }
     }
 
     fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
@@ -477,6 +491,22 @@ mod tests {
     }
 
     #[test]
+    fn modes_are_checked_against_what_the_server_loaded() {
+        let body = |extra: &str| format!(r#"{{"messages": [{{"role": "user", "content": "hi"}}], {extra}}}"#);
+        let parse = |extra: &str, d: &RequestDefaults| {
+            chat_request(parse_body::<ChatCompletionRequest>(body(extra).as_bytes()).unwrap(), d)
+        };
+        let all = RequestDefaults { unavailable: Vec::new(), ..defaults() };
+        let r = parse(r#""temperature": 0.7, "specee": {"mode": "eagle"}"#, &all).unwrap();
+        assert_eq!(r.mode, Mode::Eagle);
+        assert_eq!(parse(r#""temperature": 0, "specee": {"mode": "specee"}"#, &all).unwrap().mode, Mode::Specee);
+        let e = parse(r#""temperature": 0.7, "specee": {"mode": "specee"}"#, &all).unwrap_err();
+        assert_eq!(param(e).as_deref(), Some("temperature"));
+        let e = parse(r#""temperature": 0, "specee": {"mode": "specee"}"#, &defaults()).unwrap_err();
+        assert!(e.to_string().contains("not available on this server: no predictors"), "{e}");
+    }
+
+    #[test]
     fn unsupported_and_unknown_fields_refused() {
         let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
         for (extra, want) in [
@@ -494,6 +524,7 @@ mod tests {
             (r#""stop": 7"#, "stop"),
             (r#""stop": [""]"#, "stop"),
             (r#""specee": {"mode": "warp"}"#, "specee.mode"),
+            (r#""specee": {"mode": "specee"}"#, "specee.mode"),
             (r#""specee": {"speed": 11}"#, "specee.speed"),
             (r#""stream_options": {"include_usage": true}"#, "stream_options"),
         ] {

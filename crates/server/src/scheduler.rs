@@ -11,7 +11,7 @@
 use crate::error::{ApiError, ServerError};
 use crate::holdback::Holdback;
 use crate::metrics::{Metrics, Outcome};
-use crate::mode::{DecodeStats, Mode};
+use crate::mode::{DecodeStats, Mode, ModeResources};
 use crate::request::{GenerationRequest, PromptInput};
 use crate::wire::{SpeceeInfo, Usage};
 use engine::{Engine, EngineError, FinishReason, GenerateParams};
@@ -66,6 +66,7 @@ pub struct SchedulerConfig {
 
 struct Worker {
     engine: Arc<Engine>,
+    resources: Arc<ModeResources>,
     metrics: Arc<Metrics>,
     ctx: usize,
     threads: usize,
@@ -87,6 +88,7 @@ impl Scheduler {
     /// Starts `config.parallel` worker threads.
     pub fn start(
         engine: Arc<Engine>,
+        resources: Arc<ModeResources>,
         metrics: Arc<Metrics>,
         config: &SchedulerConfig,
     ) -> Result<Scheduler, ServerError> {
@@ -98,6 +100,7 @@ impl Scheduler {
         for index in 0..config.parallel.max(1) {
             let worker = Worker {
                 engine: Arc::clone(&engine),
+                resources: Arc::clone(&resources),
                 metrics: Arc::clone(&metrics),
                 ctx: config.ctx,
                 threads: config.threads_per_request.max(1),
@@ -232,10 +235,33 @@ impl Worker {
                 events.send(Event::Text(ready.to_string())).is_ok()
             }
         };
-        let generation = match request.mode {
-            Mode::Dense => engine.generate(&prompt_ids, &params, self.ctx, self.threads, on_text)?,
+        // Requests only name modes whose resources are loaded (checked when parsed).
+        let unavailable = |mode: Mode| ApiError::internal(format!("mode {} has nothing loaded", mode.name()));
+        let (generation, stats) = match request.mode {
+            Mode::Dense => {
+                let g = engine.generate(&prompt_ids, &params, self.ctx, self.threads, on_text)?;
+                let stats = DecodeStats::dense(&g, self.n_layers);
+                (g, stats)
+            }
+            Mode::Eagle => {
+                let head = self.resources.draft.clone().ok_or_else(|| unavailable(Mode::Eagle))?;
+                let proposer = engine::speculative::AnyProposer::eagle(head, None);
+                let (g, s) =
+                    engine.generate_speculative(&prompt_ids, &params, self.ctx, self.threads, proposer, on_text)?;
+                let tokens = g.generated_ids.len() as u64;
+                let stats =
+                    DecodeStats { tokens, layers: tokens * self.n_layers as u64, steps: s.target_forwards as u64 };
+                (g, stats)
+            }
+            Mode::Specee => {
+                let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::Specee))?;
+                let (g, s) = engine.generate_specee(&prompt_ids, &params, self.ctx, self.threads, setup, on_text)?;
+                let tokens = g.generated_ids.len() as u64;
+                // Layers per decoded token, scaled to the generated tokens (the first comes from the prompt pass).
+                let layers = if s.tokens > 0 { s.layers as u64 * tokens / s.tokens as u64 } else { 0 };
+                (g, DecodeStats { tokens, layers, steps: tokens })
+            }
         };
-        let stats = request.mode.decode_stats(&generation, self.n_layers);
         let timings = generation.timings;
         let (outcome, finish_reason) = match generation.finish {
             FinishReason::Stop => (Outcome::Stop, "stop"),

@@ -1,5 +1,5 @@
-//! `specee serve -m PATH [--host 127.0.0.1] [--port 8080] [--mode MODE] [--parallel N] [--queue N]
-//! [-c CTX] [-t THREADS]`: the OpenAI-compatible HTTP server (see the `server` crate). Prints
+//! `specee serve -m PATH [--host 127.0.0.1] [--port 8080] [--mode dense|eagle|specee] [--parallel N] [--queue N]
+//! [-c CTX] [-t THREADS] [--draft FILE] [--exit FILE]`: the OpenAI-compatible HTTP server (see the `server` crate). Prints
 //! `listening on http://ADDR` on stdout once it accepts connections; SIGTERM or ctrl-c drains and stops it.
 
 use super::ModelArgs;
@@ -30,6 +30,34 @@ pub struct Args {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = server::DEFAULT_BODY_LIMIT)]
     pub max_body: usize,
+    /// Draft head for the eagle and specee modes (default: heads/<model file stem>.draft.safetensors when present).
+    #[arg(long)]
+    pub draft: Option<std::path::PathBuf>,
+    /// Exit predictors for the specee mode (default: heads/<model file stem>.exit.safetensors when present).
+    #[arg(long)]
+    pub exit: Option<std::path::PathBuf>,
+}
+
+/// Loads what the eagle and specee modes need: the files given (an error if they fail) or the model's shipped
+/// ones (skipped, with their modes, when absent).
+fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::Result<server::ModeResources> {
+    use engine::{early_exit, speculative};
+    let draft_path = a.draft.clone().unwrap_or_else(|| speculative::default_head_path(path));
+    let draft = if a.draft.is_some() || draft_path.exists() {
+        Some(speculative::load_head(eng, path, Some(&draft_path))?)
+    } else {
+        None
+    };
+    let exit_path = a.exit.clone().unwrap_or_else(|| early_exit::default_exit_path(path));
+    let specee = match &draft {
+        Some(head) if a.exit.is_some() || exit_path.exists() => Some(early_exit::SpecEeSetup {
+            head: head.clone(),
+            predictors: early_exit::load_predictors(eng, path, Some(&exit_path))?,
+            config: decode::specee::SpecEeConfig::default(),
+        }),
+        _ => None,
+    };
+    Ok(server::ModeResources { draft, specee })
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -39,6 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let path = engine::resolve_model(a.model.model.clone(), true)?;
     let model_id = path.file_stem().map_or_else(|| "specee".to_string(), |s| s.to_string_lossy().into_owned());
     let engine = engine::Engine::load(&path)?;
+    let resources = resources(&a, &engine, &path)?;
     let config = server::Config {
         host: a.host,
         port: a.port,
@@ -49,6 +78,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         threads: a.model.threads(),
         body_limit: a.max_body,
         model_id,
+        resources,
     };
     server::run(engine, config)?;
     Ok(())

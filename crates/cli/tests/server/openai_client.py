@@ -90,6 +90,23 @@ def main():
         model=model, messages=messages, max_tokens=chat["max_tokens"], temperature=0, extra_body={"specee": {"mode": "dense"}}
     )
     check("specee.mode dense", r.choices[0].message.content == chat["text"], r.choices[0].message.content)
+    # eagle (the shipped draft head) is lossless: the same greedy text; specee (shipped predictors) is lossy.
+    r = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=chat["max_tokens"], temperature=0, extra_body={"specee": {"mode": "eagle"}}
+    )
+    check("specee.mode eagle equals dense", r.choices[0].message.content == chat["text"], r.choices[0].message.content)
+    check("eagle reported", (r.model_dump().get("specee") or {}).get("mode") == "eagle", r.model_dump().get("specee"))
+    r = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=chat["max_tokens"], temperature=0, extra_body={"specee": {"mode": "specee"}}
+    )
+    check("specee.mode specee answers", bool(r.choices[0].message.content) and r.usage.completion_tokens > 0, r)
+    try:
+        client.chat.completions.create(
+            model=model, messages=messages, max_tokens=4, temperature=0.7, extra_body={"specee": {"mode": "specee"}}
+        )
+        check("specee mode with sampling is 400", False, "no error")
+    except openai.BadRequestError as e:
+        check("specee mode with sampling is 400", "greedily" in str(e), str(e))
 
     # Completions, not streamed and streamed.
     r = client.completions.create(model=model, prompt=comp["prompt"], max_tokens=comp["max_tokens"], temperature=0)
