@@ -299,6 +299,22 @@ impl GgufFile {
         range.and_then(|r| self.backing.bytes().get(r)).unwrap_or(&[])
     }
 
+    /// Tells the OS that the bytes of `info` will not be read again for a while (their pages leave this
+    /// process's resident set; a later read faults them back in from the file, unchanged). For tensors the
+    /// model converted into its own memory at load. A no-op for files read into memory.
+    pub fn release_tensor(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        if let Backing::Mmap(map) = &self.backing {
+            let start = usize::try_from(info.offset).ok().and_then(|o| o.checked_add(self.data_offset));
+            if let Some(start) = start.filter(|s| s.saturating_add(info.n_bytes) <= map.len()) {
+                // SAFETY: the map is a read-only file mapping: MADV_DONTNEED only drops pages, which the next
+                // access reads again from the file with the same contents; no reference sees other bytes.
+                // (The range is widened to whole pages; neighbouring bytes are re-read the same way.)
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, info.n_bytes) };
+            }
+        }
+    }
+
     /// The data of tensor `name`, with its info.
     pub fn tensor_data(&self, name: &str) -> Option<(&TensorInfo, &[u8])> {
         self.tensor(name).map(|info| (info, self.tensor_bytes(info)))

@@ -1,5 +1,6 @@
-//! Criterion benches: matvec throughput (GB/s of weights) per type at SmolLM2/Gemma shapes, and the
-//! multi-row curve (time for n = 1, 2, 4, 8, 16 activation rows). Threads: env `SPECEE_BENCH_THREADS`
+//! Criterion benches: matvec throughput (GB/s of weights) per type at SmolLM2/Gemma shapes, the multi-row
+//! curve (time for n = 1, 2, 4, 8, 16 activation rows), and the machine's plain read bandwidth on the same
+//! pool (summing 256 MB of bytes), the ceiling the memory-bound matvecs are measured against. Threads: env `SPECEE_BENCH_THREADS`
 //! (default 2). Weights are random bytes with sane scales (speed does not depend on the values).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -51,6 +52,8 @@ fn matvec(c: &mut Criterion) {
         (GgmlType::Q8_0, 49152, 576),
         (GgmlType::Q8_0, 262144, 640),
         (GgmlType::Q5_0, 2048, 640),
+        // The same matrix as Q8_0 (Q5_0 and Q4_0 convert to it exactly): is the wider type faster?
+        (GgmlType::Q8_0, 2048, 640),
         (GgmlType::Q4_K, 640, 2048),
         (GgmlType::Q6_K, 640, 2048),
         (GgmlType::Q4_0, 1536, 576),
@@ -79,6 +82,7 @@ fn multi_row(c: &mut Criterion) {
         (GgmlType::Q4_1, 576, 1536),
         (GgmlType::Q8_0, 49152, 576),
         (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q8_0, 2048, 640),
         (GgmlType::Q4_K, 640, 2048),
         (GgmlType::Q6_K, 640, 2048),
     ];
@@ -99,5 +103,33 @@ fn multi_row(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, multi_row);
+fn read_bandwidth(c: &mut Criterion) {
+    let pool = ThreadPool::new(threads());
+    let data: Vec<u64> = (0..32usize << 20).map(|i| i as u64 * 0x9e37_79b9).collect();
+    let mut group = c.benchmark_group(format!("read_t{}", pool.n_threads()));
+    group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(10);
+    group.throughput(Throughput::Bytes((data.len() * 8) as u64));
+    let chunk = data.len() / 64;
+    group.bench_function("sum_256MB", |b| {
+        b.iter(|| {
+            let total = std::sync::atomic::AtomicU64::new(0);
+            kernels::parallel_for(&pool, 64, |items| {
+                let mut acc = [0u64; 4];
+                for item in items {
+                    for c4 in data[item * chunk..(item + 1) * chunk].chunks_exact(4) {
+                        for (a, v) in acc.iter_mut().zip(c4) {
+                            *a = a.wrapping_add(*v);
+                        }
+                    }
+                }
+                let sum = acc.iter().fold(0u64, |s, a| s.wrapping_add(*a));
+                total.fetch_add(sum, std::sync::atomic::Ordering::Relaxed);
+            });
+            std::hint::black_box(total.into_inner())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, matvec, multi_row, read_bandwidth);
 criterion_main!(benches);

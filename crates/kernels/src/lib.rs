@@ -28,6 +28,7 @@ pub(crate) mod kernel;
 pub mod matmul;
 pub mod pool;
 pub(crate) mod quantize;
+pub mod repack;
 
 pub use dequant::dequantize_row;
 pub use gguf::GgmlType;

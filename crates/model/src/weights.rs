@@ -8,15 +8,28 @@ use gguf::{GgmlType, GgufFile, TensorInfo};
 #[derive(Clone, Debug)]
 pub struct Matrix {
     pub info: TensorInfo,
+    /// The type the kernels see: the file's, or the type of `owned` when the matrix was converted at load.
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    /// The matrix converted at load into a faster type (see [`Matrix::repack`]); `None`: the file's bytes.
+    pub owned: Option<std::sync::Arc<[u8]>>,
 }
 
 impl Matrix {
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.ty.row_bytes(self.cols).unwrap_or(0)
+    }
+
+    /// Converts a Q5_0 matrix into Q8_0 (exact: [`kernels::repack`]), whose kernels are faster; other types
+    /// are left as they are.
+    pub fn repack(&mut self, file: &GgufFile) {
+        if self.ty == GgmlType::Q5_0 && self.owned.is_none() {
+            self.owned = Some(kernels::repack::q5_0_to_q8_0(file.tensor_bytes(&self.info)).into());
+            self.ty = GgmlType::Q8_0;
+            file.release_tensor(&self.info);
+        }
     }
 }
 
@@ -79,7 +92,7 @@ impl<'a> TensorLoader<'a> {
         if !kernels::is_supported(info.ty) {
             return Err(ModelError::UnsupportedTensorType { name: name.into(), ty: info.ty.name() });
         }
-        Ok(Matrix { info: info.clone(), ty: info.ty, rows, cols })
+        Ok(Matrix { info: info.clone(), ty: info.ty, rows, cols, owned: None })
     }
 
     /// A vector of `n` elements, converted to f32.

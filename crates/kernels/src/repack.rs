@@ -1,0 +1,78 @@
+//! Exact conversions of weights into a type whose kernels are faster on this machine, done once at load.
+//!
+//! Q5_0 → Q8_0: a Q5_0 value is `d · (q − 16)` with `q` in 0..32, so the same `d` and the int8 `q − 16` are a
+//! Q8_0 block holding exactly the same numbers; both types dot against Q8_0 activations, so only the order of
+//! float additions differs. Measured on the 2-core AVX2 machine (`cargo bench -p kernels --bench matmul`,
+//! 2048 × 640, 2 threads, weights in cache): one row 42–47 µs as Q8_0 vs 75–77 µs as Q5_0, eight rows 152 vs
+//! 167 µs. The Q5_0 kernel spends its time spreading the fifth bits; streaming 55% more bytes costs less.
+
+use crate::blocks::{Q5_0_BYTES, QK};
+
+/// Bytes of one Q8_0 block.
+const Q8_0_BYTES: usize = 34;
+
+/// Converts whole Q5_0 blocks (`src.len()` a multiple of 22 bytes) into Q8_0 blocks holding the same values.
+pub fn q5_0_to_q8_0(src: &[u8]) -> Vec<u8> {
+    assert!(src.len() % Q5_0_BYTES == 0, "q5_0_to_q8_0: {} bytes is not whole Q5_0 blocks", src.len());
+    let mut out = Vec::with_capacity(src.len() / Q5_0_BYTES * Q8_0_BYTES);
+    for b in src.chunks_exact(Q5_0_BYTES) {
+        out.extend_from_slice(&b[..2]);
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let qs = &b[6..];
+        let value = |j: usize| -> u8 {
+            let nibble = if j < QK / 2 { qs[j] & 0x0F } else { qs[j - QK / 2] >> 4 };
+            let q = nibble | ((((qh >> j) & 1) as u8) << 4);
+            (q as i8 - 16) as u8
+        };
+        out.extend((0..QK).map(value));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{dequantize_row, matmul, GgmlType, MatmulScratch, QMatrix, ThreadPool};
+
+    fn random_q5_0(blocks: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut out = Vec::new();
+        for _ in 0..blocks {
+            // A finite scale, then random high bits and nibbles (every q from 0 to 31 occurs).
+            out.extend_from_slice(&half::f16::from_f32(0.01 + (s % 97) as f32 * 1e-3).to_le_bytes());
+            for _ in 0..20 {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                out.push((s >> 33) as u8);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn q5_0_converts_to_identical_q8_0_values() {
+        let src = random_q5_0(64, 3);
+        let dst = q5_0_to_q8_0(&src);
+        assert_eq!(dst.len(), 64 * Q8_0_BYTES);
+        let (mut a, mut b) = (vec![0.0f32; 64 * QK], vec![0.0f32; 64 * QK]);
+        dequantize_row(GgmlType::Q5_0, &src, &mut a);
+        dequantize_row(GgmlType::Q8_0, &dst, &mut b);
+        assert_eq!(a, b);
+        assert!(a.iter().any(|&v| v < 0.0) && a.iter().any(|&v| v > 0.0));
+    }
+
+    #[test]
+    fn converted_matrices_give_the_same_products() {
+        let (rows, cols) = (48, 320);
+        let src = random_q5_0(rows * cols / QK, 9);
+        let dst = q5_0_to_q8_0(&src);
+        let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+        let pool = ThreadPool::new(2);
+        let mut scratch = MatmulScratch::default();
+        let (mut a, mut b) = (vec![0.0; 3 * rows], vec![0.0; 3 * rows]);
+        matmul(&pool, &QMatrix::new(GgmlType::Q5_0, &src, rows, cols).unwrap(), &x, 3, &mut a, &mut scratch);
+        matmul(&pool, &QMatrix::new(GgmlType::Q8_0, &dst, rows, cols).unwrap(), &x, 3, &mut b, &mut scratch);
+        for (p, q) in a.iter().zip(&b) {
+            assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
+        }
+    }
+}
