@@ -127,7 +127,7 @@ impl Proposer for AnyProposer {
 
 impl AnyProposer {
     /// An EAGLE proposer with `head` and tree sizes `tree` (default: [`EagleProposer::default_tree`]).
-    pub fn eagle(head: DraftHead, tree: Option<TreeConfig>) -> AnyProposer {
+    pub fn eagle(head: impl Into<std::sync::Arc<DraftHead>>, tree: Option<TreeConfig>) -> AnyProposer {
         AnyProposer::Eagle(Box::new(EagleProposer::new(head, tree.unwrap_or_else(EagleProposer::default_tree))))
     }
 }

@@ -45,7 +45,8 @@ impl Mode {
 /// (`specee`: head, predictors, settings). A mode whose part is missing is refused per request with a 400.
 #[derive(Clone, Default)]
 pub struct ModeResources {
-    pub draft: Option<decode::speculative::DraftHead>,
+    /// Shared by every `eagle` request (never copied per request).
+    pub draft: Option<std::sync::Arc<decode::speculative::DraftHead>>,
     pub specee: Option<SpecEeSetup>,
 }
 

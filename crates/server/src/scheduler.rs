@@ -244,7 +244,7 @@ impl Worker {
                 (g, stats)
             }
             Mode::Eagle => {
-                let head = self.resources.draft.clone().ok_or_else(|| unavailable(Mode::Eagle))?;
+                let head = Arc::clone(self.resources.draft.as_ref().ok_or_else(|| unavailable(Mode::Eagle))?);
                 let proposer = engine::speculative::AnyProposer::eagle(head, None);
                 let (g, s) =
                     engine.generate_speculative(&prompt_ids, &params, self.ctx, self.threads, proposer, on_text)?;

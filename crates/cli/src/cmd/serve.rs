@@ -44,14 +44,14 @@ fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::
     use engine::{early_exit, speculative};
     let draft_path = a.draft.clone().unwrap_or_else(|| speculative::default_head_path(path));
     let draft = if a.draft.is_some() || draft_path.exists() {
-        Some(speculative::load_head(eng, path, Some(&draft_path))?)
+        Some(std::sync::Arc::new(speculative::load_head(eng, path, Some(&draft_path))?))
     } else {
         None
     };
     let exit_path = a.exit.clone().unwrap_or_else(|| early_exit::default_exit_path(path));
     let specee = match &draft {
         Some(head) if a.exit.is_some() || exit_path.exists() => Some(early_exit::SpecEeSetup {
-            head: head.clone(),
+            head: (**head).clone(),
             predictors: early_exit::load_predictors(eng, path, Some(&exit_path))?,
             config: decode::specee::SpecEeConfig::default(),
         }),

@@ -289,7 +289,7 @@ pub struct DraftScratch {
 
 /// Drafts EAGLE-2 dynamic trees with a [`DraftHead`].
 pub struct EagleProposer {
-    head: DraftHead,
+    head: std::sync::Arc<DraftHead>,
     /// Tree sizes.
     pub tree: TreeConfig,
     scratch: DraftScratch,
@@ -303,10 +303,11 @@ pub struct EagleProposer {
 }
 
 impl EagleProposer {
-    /// A proposer drafting with `head` (on the decoder's threads).
-    pub fn new(head: DraftHead, tree: TreeConfig) -> EagleProposer {
+    /// A proposer drafting with `head` (on the decoder's threads). Pass an `Arc` to share one head among
+    /// several proposers (a server's requests) without copying its weights.
+    pub fn new(head: impl Into<std::sync::Arc<DraftHead>>, tree: TreeConfig) -> EagleProposer {
         EagleProposer {
-            head,
+            head: head.into(),
             tree,
             scratch: DraftScratch::default(),
             node_features: Vec::new(),
