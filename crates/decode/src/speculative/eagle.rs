@@ -26,7 +26,7 @@ use super::proposer::{DraftContext, FeatureSource, Proposer};
 use super::tree::{build_dynamic_tree, DraftTree, TreeConfig};
 use super::SpeculativeError;
 use kernels::{matmul, matmul_many, GgmlType, MatmulScratch, QMatrix, ThreadPool};
-use model::blocks::{rms_norm, silu};
+use model::blocks::{glu_in_place, rms_norm};
 use model::Model;
 use std::collections::HashMap;
 use std::path::Path;
@@ -265,7 +265,7 @@ impl DraftHead {
         s.up.resize(m * f, 0.0);
         let (gate, up) = (self.gate.view(), self.up.view());
         matmul_many(pool, &mut [(&gate, &mut s.gate[..]), (&up, &mut s.up[..])], &s.normed, m, &mut s.mm);
-        s.gate.iter_mut().zip(&s.up).for_each(|(g, u)| *g = silu(*g) * u);
+        glu_in_place(model::Activation::Silu, &mut s.gate, &s.up);
         s.down.resize(m * d, 0.0);
         matmul(pool, &self.down.view(), &s.gate, m, &mut s.down, &mut s.mm);
         out_features.iter_mut().zip(&s.down).for_each(|(x, o)| *x += o);

@@ -13,7 +13,7 @@ use crate::speculative::proposer::{DraftContext, FeatureSource, Proposer};
 use crate::speculative::tree::{build_dynamic_tree, DraftTree, TreeConfig};
 use crate::speculative::SpeculativeError;
 use kernels::{matmul, matmul_many, MatmulScratch, ThreadPool};
-use model::blocks::{rms_norm, rope_angles, rope_apply, silu, softmax_in_place};
+use model::blocks::{glu_in_place, rms_norm, rope_angles, rope_apply, softmax_in_place};
 use model::{Model, RopeStyle};
 
 /// Where a batch's input features come from.
@@ -194,7 +194,7 @@ impl PublishedHead {
         s.up.resize(m * f, 0.0);
         let (gate, up) = (self.gate.view(), self.up.view());
         matmul_many(pool, &mut [(&gate, &mut s.gate[..]), (&up, &mut s.up[..])], &s.normed, m, &mut s.mm);
-        s.gate.iter_mut().zip(&s.up).for_each(|(g, u)| *g = silu(*g) * u);
+        glu_in_place(model::Activation::Silu, &mut s.gate, &s.up);
         s.o.resize(m * d, 0.0);
         matmul(pool, &self.down.view(), &s.gate, m, &mut s.o, &mut s.mm);
         out.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
