@@ -102,18 +102,22 @@ pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -
         let base = 64;
         m.forward(&bench_tokens(engine, base), &mut kv, &mut ws, &mut hidden, Logits::None)?;
         let rows_tokens = bench_tokens(engine, max_curve);
-        for &k in &p.batch_curve {
-            let mut times = Vec::new();
-            for rep in 0..=p.repetitions.max(3) {
+        // Repetitions outside, sizes inside: a slow spell of the machine hits every size alike instead of
+        // skewing the ratios (the first round warms up and is dropped).
+        let mut times = vec![Vec::new(); p.batch_curve.len()];
+        for rep in 0..=p.repetitions.max(7) {
+            for (i, &k) in p.batch_curve.iter().enumerate() {
                 let t = Instant::now();
                 m.forward(&rows_tokens[..k], &mut kv, &mut ws, &mut hidden, Logits::All)?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 kv.truncate(base);
                 if rep > 0 {
-                    times.push(ms);
+                    times[i].push(ms);
                 }
             }
-            curve.push(CurvePoint { rows: k, ms: median(&times), relative: 0.0 });
+        }
+        for (&k, t) in p.batch_curve.iter().zip(&times) {
+            curve.push(CurvePoint { rows: k, ms: median(t), relative: 0.0 });
         }
         let one = curve.iter().find(|c| c.rows == 1).map_or(curve[0].ms, |c| c.ms);
         for c in &mut curve {
