@@ -111,16 +111,21 @@ pub struct DraftHead {
 
 /// Reads one tensor as f32 values with its shape.
 fn tensor_f32(st: &safetensors::SafeTensors<'_>, name: &str) -> Result<(Vec<f32>, Vec<usize>), DraftHeadError> {
-    use safetensors::Dtype;
     let t = st.tensor(name).map_err(|_| DraftHeadError::Missing(name.to_string()))?;
-    let data = t.data();
-    let values = match t.dtype() {
+    let values = float_values(t.dtype(), t.data())
+        .ok_or_else(|| DraftHeadError::DType { name: name.to_string(), dtype: format!("{:?}", t.dtype()) })?;
+    Ok((values, t.shape().to_vec()))
+}
+
+/// The values of a floating-point safetensors tensor (F32, F16, BF16) as f32; `None` for other types.
+pub(crate) fn float_values(dtype: safetensors::Dtype, data: &[u8]) -> Option<Vec<f32>> {
+    use safetensors::Dtype;
+    Some(match dtype {
         Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         Dtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         Dtype::BF16 => data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        other => return Err(DraftHeadError::DType { name: name.to_string(), dtype: format!("{other:?}") }),
-    };
-    Ok((values, t.shape().to_vec()))
+        _ => return None,
+    })
 }
 
 /// Reads one tensor and checks its shape.

@@ -32,7 +32,7 @@ mod tests;
 
 pub use proposer::PublishedProposer;
 
-use super::eagle::OwnedMatrix;
+use super::eagle::{float_values, OwnedMatrix};
 use super::proposer::FeatureSource;
 use model::Model;
 use std::collections::HashMap;
@@ -192,23 +192,15 @@ fn read_safetensors(bytes: &[u8]) -> Result<Tensors, String> {
     let mut out = Tensors::new();
     for (name, t) in st.tensors() {
         let d = t.data();
-        let data = match t.dtype() {
-            Dtype::F32 => {
-                TensorData::Float(d.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
-            }
-            Dtype::F16 => {
-                TensorData::Float(d.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
-            }
-            Dtype::BF16 => {
-                TensorData::Float(d.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
-            }
-            Dtype::I64 => {
+        let data = match (float_values(t.dtype(), d), t.dtype()) {
+            (Some(v), _) => TensorData::Float(v),
+            (None, Dtype::I64) => {
                 TensorData::Int(d.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
             }
-            Dtype::I32 => {
+            (None, Dtype::I32) => {
                 TensorData::Int(d.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64).collect())
             }
-            other => TensorData::Other(format!("{other:?}")),
+            (None, other) => TensorData::Other(format!("{other:?}")),
         };
         out.insert(normalize_name(&name), (data, t.shape().to_vec()));
     }
@@ -264,11 +256,18 @@ pub fn is_published(path: &Path) -> bool {
     if path.is_dir() || path.extension().is_some_and(|e| e == "bin") {
         return true;
     }
-    let Ok(bytes) = std::fs::read(path) else { return false };
-    match safetensors::SafeTensors::read_metadata(&bytes) {
-        Ok((_, meta)) => meta.metadata().as_ref().and_then(|m| m.get("format")).is_none(),
-        Err(_) => false,
-    }
+    // Only the header is read (a safetensors file starts with its length and a JSON header).
+    let header = || -> Option<serde_json::Value> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path).ok()?;
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len).ok()?;
+        let len = usize::try_from(u64::from_le_bytes(len)).ok().filter(|&n| n <= 100 << 20)?;
+        let mut json = vec![0u8; len];
+        file.read_exact(&mut json).ok()?;
+        serde_json::from_slice(&json).ok()
+    };
+    header().is_some_and(|h| h.get("__metadata__").and_then(|m| m.get("format")).is_none())
 }
 
 /// A loaded published head (see the module header).

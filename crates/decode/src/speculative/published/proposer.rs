@@ -107,12 +107,9 @@ impl PublishedHead {
         if let (Some(b), true) = (&self.fc_bias, self.version == EagleVersion::Eagle1 || batch.input == Input::Target) {
             s.g.chunks_exact_mut(d).for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
         }
+        // EAGLE-1 attends from g itself; EAGLE-3 from [norm(emb); norm(g)] built in `s.a`.
         let a_width = match self.version {
-            EagleVersion::Eagle1 => {
-                s.a.clear();
-                s.a.extend_from_slice(&s.g);
-                d
-            }
+            EagleVersion::Eagle1 => d,
             EagleVersion::Eagle3 => {
                 s.a.resize(m * 2 * d, 0.0);
                 for r in 0..m {
@@ -130,13 +127,8 @@ impl PublishedHead {
         s.k.resize(m * kvd, 0.0);
         s.v.resize(m * kvd, 0.0);
         let (wq, wk, wv) = (self.q.view(), self.k.view(), self.v.view());
-        matmul_many(
-            pool,
-            &mut [(&wq, &mut s.q[..]), (&wk, &mut s.k[..]), (&wv, &mut s.v[..])],
-            &s.a[..m * a_width],
-            m,
-            &mut s.mm,
-        );
+        let a = if self.version == EagleVersion::Eagle1 { &s.g[..] } else { &s.a[..m * a_width] };
+        matmul_many(pool, &mut [(&wq, &mut s.q[..]), (&wk, &mut s.k[..]), (&wv, &mut s.v[..])], a, m, &mut s.mm);
         if let Some([bq, bk, bv]) = &self.qkv_bias {
             for (buf, b) in [(&mut s.q, bq), (&mut s.k, bk), (&mut s.v, bv)] {
                 buf.chunks_exact_mut(b.len()).for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));

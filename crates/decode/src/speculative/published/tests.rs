@@ -227,6 +227,10 @@ fn every_published_layout_loads_to_the_same_head() {
     }
     assert!(is_published(&st) && is_published(&bin.join("pytorch_model.bin")));
     assert!(is_published(&st.join("model.safetensors")));
+    // specee's own head format is not a published checkpoint.
+    let own = st.join("own.safetensors");
+    std::fs::write(&own, crate::speculative::eagle::tests::random_head_bytes(D, 64, 16, 1)).unwrap();
+    assert!(!is_published(&own));
     for dir in [st, bin] {
         let _ = std::fs::remove_dir_all(dir);
     }
