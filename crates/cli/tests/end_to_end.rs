@@ -1,6 +1,6 @@
 //! The CLI on the real default models, against llama.cpp's reference outputs: tokenization, greedy generation
-//! (raw and `--chat`), perplexity within 1% of llama.cpp's, `specee eval`, and `--mode eagle` with a published
-//! EAGLE-3 checkpoint.
+//! (raw and `--chat`), perplexity within 1% of llama.cpp's, `specee eval` and `generate` for both early-exit
+//! modes, and `--mode eagle` with a published EAGLE-3 checkpoint.
 
 mod common;
 
@@ -116,30 +116,59 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     }
 }
 
-/// `specee eval --mode specee` with the shipped SmolLM2 predictors on two chunks of the reference text: the JSON
-/// fields are there and sane (the dense perplexity of the scored positions, agreement in [0, 1], layers ≤ 30).
+/// `specee eval --mode specee|specee-eagle` with the shipped SmolLM2 head and predictors on two chunks of the
+/// reference text: the JSON fields are there and sane (the dense perplexity of the scored positions, agreement
+/// in [0, 1], layers ≤ 30), and both modes score the same positions against the same dense perplexity.
 #[test]
 fn eval_reports_agreement_perplexity_and_layers() {
     let m = smollm2();
     let text = reference_dir().join("perplexity-text.txt");
+    let mut dense_ppl = Vec::new();
+    for mode in ["specee", "specee-eagle"] {
+        let args = ["eval", "-m", m.to_str().unwrap(), "--mode", mode, "--text", text.to_str().unwrap()];
+        let o = specee(
+            &args.iter().chain(&["--chunks", "2", "-t", "2", "--json"]).copied().collect::<Vec<_>>(),
+            Duration::from_secs(600),
+        );
+        assert!(o.status.success(), "{mode}: {}", stderr(&o));
+        let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(v["mode"], mode);
+        assert_eq!(v["positions"], 254);
+        let agreement = v["agreement"].as_f64().unwrap();
+        assert!((0.5..=1.0).contains(&agreement), "{v}");
+        let (pd, pm) = (v["ppl_dense"].as_f64().unwrap(), v["ppl_mode"].as_f64().unwrap());
+        assert!(pd > 5.0 && pd < 60.0 && pm >= pd * 0.9, "{v}");
+        let layers = v["avg_layers"].as_f64().unwrap();
+        assert!(layers > 0.0 && layers <= 30.0, "{v}");
+        assert!(v["predictor_calls_per_token"].as_f64().unwrap() > 0.0, "{v}");
+        assert_eq!(v["kv_policy"], "deferred");
+        dense_ppl.push(pd);
+    }
+    assert!((dense_ppl[0] - dense_ppl[1]).abs() < 1e-9, "{dense_ppl:?}");
+}
+
+/// `generate --mode specee-eagle --json` on SmolLM2: tokens come out with both the speculative and the
+/// early-exit counters; sampling is refused with a clear error.
+#[test]
+fn generate_specee_eagle_reports_tree_and_exit_counters() {
+    let m = smollm2();
+    let args = ["generate", "-m", m.to_str().unwrap(), "--chat", "-p", "Name three colors.", "-n", "24", "-t", "2"];
     let o = specee(
-        &["eval", "-m", m.to_str().unwrap(), "--mode", "specee", "--text", text.to_str().unwrap(), "--chunks", "2"]
-            .iter()
-            .chain(&["-t", "2", "--json"])
-            .copied()
-            .collect::<Vec<_>>(),
-        Duration::from_secs(600),
+        &args.iter().chain(&["--mode", "specee-eagle", "--json"]).copied().collect::<Vec<_>>(),
+        Duration::from_secs(300),
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
-    assert_eq!(v["positions"], 254);
-    let agreement = v["agreement"].as_f64().unwrap();
-    assert!((0.5..=1.0).contains(&agreement), "{v}");
-    let (pd, pm) = (v["ppl_dense"].as_f64().unwrap(), v["ppl_mode"].as_f64().unwrap());
-    assert!(pd > 5.0 && pd < 60.0 && pm >= pd * 0.9, "{v}");
-    let layers = v["avg_layers"].as_f64().unwrap();
+    assert!(!v["generated_ids"].as_array().unwrap().is_empty(), "{v}");
+    assert!(v["speculative"]["acceptance_length"].as_f64().unwrap() >= 1.0, "{v}");
+    let layers = v["early_exit"]["avg_layers"].as_f64().unwrap();
     assert!(layers > 0.0 && layers <= 30.0, "{v}");
-    assert_eq!(v["kv_policy"], "deferred");
+    let o = specee(
+        &args.iter().chain(&["--mode", "specee-eagle", "--temp", "0.8"]).copied().collect::<Vec<_>>(),
+        Duration::from_secs(300),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("greedily only"), "{}", stderr(&o));
 }
 
 /// Writes a random EAGLE-3 checkpoint for SmolLM2 (width 576, 9 heads over 3 KV heads, RoPE base 100000) in the

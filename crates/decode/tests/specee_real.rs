@@ -1,14 +1,15 @@
 //! SpecEE early exit on the real SmolLM2-135M-Instruct with its shipped draft head and exit predictors
 //! (`heads/`): a decoder whose predictors never fire is dense decoding; tracing reproduces dense greedy and the
 //! candidates' last-layer logits equal the dense logits of those tokens; the shipped predictors run, exit, and
-//! keep the KV cache as their policy says.
+//! keep the KV cache as their policy says. The same for merged mapping (`specee-eagle`): lossless when the
+//! predictors never fire, exits inside the tree with the shipped ones.
 
 mod common;
 
 use common::{dense_greedy, models_dir, reference_dir, workspace_root};
 use decode::sampling::argmax;
-use decode::specee::{ExitPredictors, KvPolicy, SpecEeConfig, SpecEeDecoder, Verify};
-use decode::speculative::DraftHead;
+use decode::specee::{ExitPredictors, KvPolicy, MergedDecoder, SpecEeConfig, SpecEeDecoder, Verify};
+use decode::speculative::{DraftHead, TreeConfig};
 use decode::DenseDecoder;
 use model::Model;
 use serde_json::Value;
@@ -106,6 +107,58 @@ fn shipped_predictors_exit_and_keep_the_kv_policy() {
         } else {
             // Only tokens that exited before the last layer are missing from it.
             assert!(last <= first && first - last <= st.exits, "{last} {first} {st:?}");
+        }
+    }
+}
+
+fn run_merged(dec: &mut MergedDecoder<'_>, prompt: &[u32], n: usize) -> Vec<u32> {
+    dec.feed(prompt).unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        out.extend_from_slice(dec.step_at_most(n - out.len()).unwrap());
+    }
+    out
+}
+
+#[test]
+fn merged_mapping_is_lossless_without_exits_and_exits_inside_trees() {
+    let (model, head, predictors) = setup();
+    let n_layers = model.config.n_layers;
+    let head = std::sync::Arc::new(head);
+    let tree = TreeConfig { depth: 3, top_k: 2, budget: 5 };
+    let all = prompts(3);
+    for prompt in &all[..2] {
+        let want = dense_greedy(&model, prompt, 32, THREADS);
+        let config = SpecEeConfig { threshold: Some(2.0), ..Default::default() };
+        let mut dec = MergedDecoder::new(&model, 256, THREADS, head.clone(), tree, &predictors, config);
+        assert_eq!(run_merged(&mut dec, prompt, 32), want, "never exiting is tree speculative decoding");
+        assert_eq!(dec.stats().early_stops, 0);
+        assert!(dec.stats().speculative.accepted_drafts > 0, "the shipped head drafts acceptable tokens");
+    }
+    let prompt = &all[2];
+    let want = dense_greedy(&model, prompt, 48, THREADS);
+    for policy in [KvPolicy::Deferred, KvPolicy::Missing] {
+        let config = SpecEeConfig { policy, threshold: Some(0.8), ..Default::default() };
+        let mut dec = MergedDecoder::new(&model, 256, THREADS, head.clone(), tree, &predictors, config);
+        let got = run_merged(&mut dec, prompt, 48);
+        let st = *dec.stats();
+        let prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        eprintln!(
+            "merged {policy:?}: matching prefix {prefix}/48, τ {:.2}, {:.2} layers per forward, {:.0}% early stops",
+            st.speculative.acceptance_length(),
+            st.avg_layers(),
+            100.0 * st.early_stop_rate()
+        );
+        assert!(st.early_stops > 0 && st.avg_layers() < n_layers as f64, "{st:?}");
+        assert_eq!(dec.kv().len(0), dec.tokens().len() - 1);
+        let last = dec.kv().len(n_layers - 1);
+        match policy {
+            KvPolicy::Missing => assert!(last < dec.kv().len(0), "rows that stopped early never reach the last layer"),
+            _ => assert!(last <= dec.kv().len(0)),
+        }
+        for il in 0..n_layers {
+            let pos = dec.kv().positions(il);
+            assert!(pos.windows(2).all(|w| w[0] < w[1]), "{policy:?} layer {il}: positions out of order");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! SpecEE early exit at the engine level: finding a model's shipped predictors, generation with
-//! `--mode specee` (same stop rules, streaming and timings as dense), and the quality tool behind `specee eval`
-//! (teacher-forced agreement and perplexity against dense, free-running agreement on prompts).
+//! `--mode specee` and `--mode specee-eagle` (early exit inside EAGLE tree verification; same stop rules,
+//! streaming and timings as dense), and the quality tool behind `specee eval` (teacher-forced agreement and
+//! perplexity against dense, free-running agreement on prompts) for both.
 //!
 //! Predictors: `--exit FILE`, or the model's shipped ones: `heads/<model file stem>.exit.safetensors`.
 
@@ -9,8 +10,8 @@ use crate::perplexity::{log_prob, text_chunks};
 use crate::session::{Emitter, Engine, GenerateParams, Generation};
 use crate::speculative::shipped_path;
 use decode::sampling::argmax;
-use decode::specee::{ExitPredictors, SpecEeConfig, SpecEeDecoder, SpecEeStats};
-use decode::speculative::DraftHead;
+use decode::specee::{ExitPredictors, MergedDecoder, MergedStats, SpecEeConfig, SpecEeDecoder, SpecEeStats};
+use decode::speculative::{DraftHead, EagleProposer, TreeConfig};
 use decode::DenseDecoder;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -32,18 +33,34 @@ pub fn load_predictors(engine: &Engine, model_path: &Path, path: Option<&Path>) 
     Ok(p)
 }
 
-/// What `--mode specee` runs with: the draft head for candidates, the predictors and the settings.
+/// What `--mode specee` and `--mode specee-eagle` run with: the draft head for candidates (and trees), the
+/// predictors and the settings.
 #[derive(Clone, Debug)]
 pub struct SpecEeSetup {
-    pub head: DraftHead,
+    /// Shared, not copied, by every decoder (a server's requests).
+    pub head: std::sync::Arc<DraftHead>,
     pub predictors: ExitPredictors,
     pub config: SpecEeConfig,
+    /// Draft tree sizes of `specee-eagle` (default: [`SpecEeSetup::default_tree`]).
+    pub tree: Option<TreeConfig>,
 }
 
 impl SpecEeSetup {
     /// A decoder for `capacity` tokens (borrowing the head and predictors: nothing is copied per generation).
     pub fn decoder<'m>(&'m self, engine: &'m Engine, capacity: usize, threads: usize) -> SpecEeDecoder<'m> {
         SpecEeDecoder::new(&engine.model, capacity, threads, &self.head, &self.predictors, self.config)
+    }
+
+    /// Default draft tree of `specee-eagle`: the same as `--mode eagle`'s (see
+    /// [`EagleProposer::default_tree`]).
+    pub fn default_tree() -> TreeConfig {
+        EagleProposer::default_tree()
+    }
+
+    /// A `specee-eagle` decoder for `capacity` tokens (room for a draft tree included by the caller).
+    pub fn merged_decoder<'m>(&'m self, engine: &'m Engine, capacity: usize, threads: usize) -> MergedDecoder<'m> {
+        let tree = self.tree.unwrap_or_else(Self::default_tree);
+        MergedDecoder::new(&engine.model, capacity, threads, self.head.clone(), tree, &self.predictors, self.config)
     }
 
     /// The exit threshold the decoder will use.
@@ -99,6 +116,93 @@ impl Engine {
         let stats = *dec.stats();
         Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
     }
+
+    /// [`Engine::generate`] with `--mode specee-eagle`: EAGLE tree speculative decoding whose tree forward
+    /// stops at the layer where the predictors settle the accepted path (greedy only; lossy).
+    pub fn generate_merged(
+        &self,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        ctx: usize,
+        threads: usize,
+        setup: &SpecEeSetup,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<(Generation, MergedStats), EngineError> {
+        if !params.sampling.is_greedy() {
+            return Err(EngineError::Unsupported("--mode specee-eagle decodes greedily only (use --temp 0)".into()));
+        }
+        if prompt_ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt_ids.len() >= ctx {
+            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
+        }
+        let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
+        let mut dec = setup.merged_decoder(self, capacity, threads);
+        let mut out = Emitter::new(self, params, prompt_ids.len());
+        let t0 = Instant::now();
+        dec.feed(prompt_ids).map_err(specee_error)?;
+        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        'outer: while out.generated.len() < params.max_tokens {
+            if dec.tokens().len() + 1 >= capacity {
+                break;
+            }
+            let step = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(specee_error)?;
+            for &next in step {
+                if !out.push(next, &mut on_text) {
+                    break 'outer;
+                }
+            }
+        }
+        let stats = *dec.stats();
+        Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
+    }
+}
+
+/// The early-exit counters of a run, in the units `specee eval` and `specee bench` report.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ExitSummary {
+    /// Layers run per token (`specee`) or per tree forward (`specee-eagle`, where every forward runs the whole
+    /// tree to that depth).
+    pub avg_layers: f64,
+    /// Share of tokens (`specee`) or tree forwards (`specee-eagle`) settled by a predictor.
+    pub exit_rate: f64,
+    /// Predictor evaluations per committed token.
+    pub predictor_calls_per_token: f64,
+    /// Failed `--verify full` checks per committed token.
+    pub verify_failures_per_token: f64,
+}
+
+impl From<&SpecEeStats> for ExitSummary {
+    fn from(s: &SpecEeStats) -> ExitSummary {
+        ExitSummary {
+            avg_layers: s.avg_layers(),
+            exit_rate: s.exit_rate(),
+            predictor_calls_per_token: s.predictor_calls_per_token(),
+            verify_failures_per_token: s.verify_failures_per_token(),
+        }
+    }
+}
+
+impl From<&MergedStats> for ExitSummary {
+    fn from(s: &MergedStats) -> ExitSummary {
+        ExitSummary {
+            avg_layers: s.avg_layers(),
+            exit_rate: s.early_stop_rate(),
+            predictor_calls_per_token: s.per_token(s.predictor_calls),
+            verify_failures_per_token: s.per_token(s.verify_failures),
+        }
+    }
+}
+
+/// Which early-exit mode a quality evaluation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitMode {
+    /// `--mode specee`: autoregressive early exit.
+    Specee,
+    /// `--mode specee-eagle`: early exit inside EAGLE tree verification.
+    Merged,
 }
 
 /// Teacher-forced quality of early exit against dense on a text (see [`eval_text`]).
@@ -109,18 +213,22 @@ pub struct TextEval {
     /// Share of positions where the mode's next token equals dense top-1.
     pub agreement: f64,
     pub ppl_dense: f64,
-    /// Perplexity of the mode's distribution (the exit layer's full logits).
+    /// Perplexity of the mode's distribution (the full logits at the layer where it chose the token).
     pub ppl_mode: f64,
-    pub stats: SpecEeStats,
+    pub exits: ExitSummary,
     pub seconds: f64,
 }
 
 /// Teacher-forced evaluation, chunked as llama.cpp's perplexity: chunks of `ctx` tokens from an empty cache,
 /// the first half fed as a prompt (densely), then every later token run by the mode, which predicts the next
-/// one; the same positions are scored for dense. `max_chunks` limits the work (0: all); `progress(done, total)`.
+/// one; the same positions are scored for dense. For `specee-eagle` each position is the root of a tree drafted
+/// from the true prefix and the mode's token is the one its step would commit first
+/// ([`MergedDecoder::step_forced`]). `max_chunks` limits the work (0: all); `progress(done, total)`.
+#[allow(clippy::too_many_arguments)]
 pub fn eval_text(
     engine: &Engine,
     setup: &SpecEeSetup,
+    which: ExitMode,
     text: &str,
     ctx: usize,
     threads: usize,
@@ -136,7 +244,8 @@ pub fn eval_text(
     let first = ctx / 2;
     let vocab = engine.model.config.vocab_size;
     let mut dense = DenseDecoder::new(&engine.model, ctx, threads);
-    let mut mode = setup.decoder(engine, ctx, threads);
+    let mut specee = setup.decoder(engine, ctx, threads);
+    let mut merged = setup.merged_decoder(engine, ctx + 64, threads);
     let (mut agree, mut count, mut nll_dense, mut nll_mode) = (0usize, 0usize, 0f64, 0f64);
     let mut dense_top = Vec::with_capacity(ctx);
     let mut dense_lp = Vec::with_capacity(ctx);
@@ -154,12 +263,29 @@ pub fn eval_text(
                 dense_lp.push(if j + 1 < ctx { log_prob(row, ids[j + 1]) } else { 0.0 });
             }
         }
-        mode.reset();
-        mode.feed(&ids[..first]).map_err(specee_error)?;
+        match which {
+            ExitMode::Specee => {
+                specee.reset();
+                specee.feed(&ids[..first]).map_err(specee_error)?;
+            }
+            ExitMode::Merged => {
+                merged.reset();
+                merged.feed(&ids[..=first]).map_err(specee_error)?;
+            }
+        }
         for j in first..ctx - 1 {
-            let step = mode.step(ids[j], true).map_err(specee_error)?;
-            agree += usize::from(step.token == dense_top[j]);
-            nll_mode -= log_prob(mode.logits(), ids[j + 1]);
+            let (token, logits) = match which {
+                ExitMode::Specee => {
+                    let step = specee.step(ids[j], true).map_err(specee_error)?;
+                    (step.token, specee.logits())
+                }
+                ExitMode::Merged => {
+                    let token = merged.step_forced(ids[j + 1]).map_err(specee_error)?;
+                    (token, merged.root_logits())
+                }
+            };
+            agree += usize::from(token == dense_top[j]);
+            nll_mode -= log_prob(logits, ids[j + 1]);
             nll_dense -= dense_lp[j];
             count += 1;
         }
@@ -171,7 +297,10 @@ pub fn eval_text(
         agreement: per(agree as f64),
         ppl_dense: per(nll_dense).exp(),
         ppl_mode: per(nll_mode).exp(),
-        stats: *mode.stats(),
+        exits: match which {
+            ExitMode::Specee => specee.stats().into(),
+            ExitMode::Merged => merged.stats().into(),
+        },
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -186,7 +315,7 @@ pub struct PromptEval {
     pub mean_matching_prefix: f64,
     /// Share of prompts whose whole output equals dense.
     pub exact_match: f64,
-    pub stats: SpecEeStats,
+    pub exits: ExitSummary,
 }
 
 /// Generates up to `n` tokens for each prompt with dense and with the mode (greedy, no stop at end of
@@ -194,6 +323,7 @@ pub struct PromptEval {
 pub fn eval_prompts(
     engine: &Engine,
     setup: &SpecEeSetup,
+    which: ExitMode,
     prompts: &[Vec<u32>],
     n: usize,
     threads: usize,
@@ -201,15 +331,25 @@ pub fn eval_prompts(
 ) -> Result<PromptEval, EngineError> {
     let params = GenerateParams { max_tokens: n, stop_at_eog: false, ..Default::default() };
     let (mut prefix_sum, mut exact) = (0usize, 0usize);
-    let mut stats = SpecEeStats::default();
+    let (mut specee, mut merged) = (SpecEeStats::default(), MergedStats::default());
     for (i, ids) in prompts.iter().enumerate() {
         let ctx = ids.len() + n + 1;
         let dense = engine.generate(ids, &params, ctx, threads, |_| true)?;
-        let (g, st) = engine.generate_specee(ids, &params, ctx, threads, setup, |_| true)?;
+        let g = match which {
+            ExitMode::Specee => {
+                let (g, st) = engine.generate_specee(ids, &params, ctx, threads, setup, |_| true)?;
+                specee.add(&st);
+                g
+            }
+            ExitMode::Merged => {
+                let (g, st) = engine.generate_merged(ids, &params, ctx + 64, threads, setup, |_| true)?;
+                merged.add(&st);
+                g
+            }
+        };
         let prefix = dense.generated_ids.iter().zip(&g.generated_ids).take_while(|(a, b)| a == b).count();
         prefix_sum += prefix;
         exact += usize::from(g.generated_ids == dense.generated_ids);
-        stats.add(&st);
         progress(i + 1, prompts.len());
     }
     let k = prompts.len().max(1) as f64;
@@ -218,6 +358,9 @@ pub fn eval_prompts(
         n_tokens: n,
         mean_matching_prefix: prefix_sum as f64 / k,
         exact_match: exact as f64 / k,
-        stats,
+        exits: match which {
+            ExitMode::Specee => (&specee).into(),
+            ExitMode::Merged => (&merged).into(),
+        },
     })
 }

@@ -27,6 +27,32 @@ pub enum Mode {
     Ngram,
     /// SpecEE early exit with trained per-layer predictors (lossy; greedy).
     Specee,
+    /// SpecEE early exit inside EAGLE tree verification ("merged mapping"; lossy; greedy).
+    SpeceeEagle,
+}
+
+impl Mode {
+    /// The name `--mode` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Dense => "dense",
+            Mode::Eagle => "eagle",
+            Mode::Ngram => "ngram",
+            Mode::Specee => "specee",
+            Mode::SpeceeEagle => "specee-eagle",
+        }
+    }
+
+    /// Whether the mode's greedy output is identical to dense greedy.
+    pub fn is_lossless(self) -> bool {
+        !matches!(self, Mode::Specee | Mode::SpeceeEagle)
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for Mode {
@@ -37,7 +63,8 @@ impl std::str::FromStr for Mode {
             "eagle" => Ok(Mode::Eagle),
             "ngram" => Ok(Mode::Ngram),
             "specee" => Ok(Mode::Specee),
-            other => Err(format!("unknown mode `{other}` (dense, eagle, ngram or specee)")),
+            "specee-eagle" => Ok(Mode::SpeceeEagle),
+            other => Err(format!("unknown mode `{other}` (dense, eagle, ngram, specee or specee-eagle)")),
         }
     }
 }

@@ -274,21 +274,44 @@ pub fn matmul_rows(
     out: &mut [f32],
     scratch: &mut MatmulScratch,
 ) {
-    matmul_rows_isa(Isa::current(), pool, w, row_ids, x, out, scratch)
+    matmul_rows_isa(Isa::current(), pool, w, row_ids, x, row_ids.len().max(1), out, scratch)
 }
 
-/// [`matmul_rows`] on a given instruction-set level.
+/// Grouped [`matmul_rows`]: `out[i] = row(row_ids[i]) · x_(i / per_row)`, where `x` holds
+/// `row_ids.len() / per_row` activation rows of `w.cols` elements — each activation row against its own few
+/// weight rows (every draft-tree node against its own candidates' head rows), in one call.
+///
+/// # Panics
+/// If a row id is out of range, `per_row` is 0, `x` holds fewer rows than the ids need or `out` is shorter
+/// than `row_ids`.
+pub fn matmul_rows_grouped(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    row_ids: &[u32],
+    x: &[f32],
+    per_row: usize,
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    matmul_rows_isa(Isa::current(), pool, w, row_ids, x, per_row, out, scratch)
+}
+
+/// [`matmul_rows_grouped`] on a given instruction-set level.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_rows_isa(
     isa: Isa,
     pool: &ThreadPool,
     w: &QMatrix,
     row_ids: &[u32],
     x: &[f32],
+    per_row: usize,
     out: &mut [f32],
     scratch: &mut MatmulScratch,
 ) {
     let (cols, rb) = (w.cols, w.row_bytes());
-    assert!(x.len() >= cols, "matmul_rows: x has {} elements, need {cols}", x.len());
+    assert!(per_row > 0, "matmul_rows: per_row must be positive");
+    let n_x = row_ids.len().div_ceil(per_row).max(1);
+    assert!(x.len() >= n_x * cols, "matmul_rows: x has {} elements, need {}", x.len(), n_x * cols);
     assert!(out.len() >= row_ids.len(), "matmul_rows: out has {} elements for {} ids", out.len(), row_ids.len());
     if let Some(&bad) = row_ids.iter().find(|&&id| id as usize >= w.rows) {
         panic!("matmul_rows: row id {bad} out of range (matrix has {} rows)", w.rows);
@@ -296,8 +319,8 @@ pub(crate) fn matmul_rows_isa(
     let (Some(kind), Some(kernel)) = (act_kind(w.ty), row_kernel(isa, w.ty)) else {
         panic!("matmul_rows: unsupported type {} (QMatrix::new rejects it)", w.ty.name());
     };
-    scratch.acts.reserve(kind, 1, cols);
-    scratch.acts.quantize_tokens(kind, x, cols, 0..1);
+    scratch.acts.reserve(kind, n_x, cols);
+    scratch.acts.quantize_tokens(kind, x, cols, 0..n_x);
     let acts = scratch.acts.view(kind, x, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let work = |ids: std::ops::Range<usize>| {
@@ -305,7 +328,7 @@ pub(crate) fn matmul_rows_isa(
         for i in ids {
             let r = row_ids[i] as usize;
             let mut one = [0.0f32];
-            kernel(&w.data[r * rb..(r + 1) * rb], rb, &acts, 0, 1, &mut one);
+            kernel(&w.data[r * rb..(r + 1) * rb], rb, &acts, i / per_row, 1, &mut one);
             // SAFETY: i < row_ids.len() <= out.len(); ids are split disjointly between threads.
             unsafe { *out_ptr.0.add(i) = one[0] };
         }

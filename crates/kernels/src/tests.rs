@@ -240,9 +240,18 @@ fn matmul_rows_equals_matmul_and_threads_agree() {
             let ids: Vec<u32> = (0..rows as u32).rev().step_by(3).collect();
             for pool in &pools {
                 let mut out = vec![0.0; ids.len()];
-                matmul_rows_isa(isa, pool, &w, &ids, &x[..cols], &mut out, &mut scratch);
+                matmul_rows_isa(isa, pool, &w, &ids, &x[..cols], ids.len(), &mut out, &mut scratch);
                 for (i, &id) in ids.iter().enumerate() {
                     assert_eq!(out[i], full[id as usize], "{ty} {isa:?} row {id}");
+                }
+                // Grouped: ids i use activation row i / 4 (the last group ragged).
+                let per_row = 4;
+                let grouped: Vec<u32> = ids.iter().take(n_tokens * per_row - 1).copied().collect();
+                let mut out = vec![0.0; grouped.len()];
+                matmul_rows_isa(isa, pool, &w, &grouped, &x, per_row, &mut out, &mut scratch);
+                for (i, &id) in grouped.iter().enumerate() {
+                    let t = i / per_row;
+                    assert_eq!(out[i], full[t * rows + id as usize], "{ty} {isa:?} grouped row {id} token {t}");
                 }
             }
         }

@@ -440,6 +440,20 @@ impl Model {
         );
     }
 
+    /// Logits of `per_row` chosen tokens for each of several normed rows, in one call: `out[i]` is the logit of
+    /// `ids[i]` for row `i / per_row` (`normed` holds `ids.len() / per_row` rows).
+    pub fn head_rows_grouped(&self, normed: &[f32], ids: &[u32], per_row: usize, out: &mut [f32], ws: &mut Workspace) {
+        kernels::matmul_rows_grouped(
+            &ws.pool,
+            &self.qmatrix(&self.weights.output),
+            ids,
+            normed,
+            per_row,
+            &mut out[..ids.len()],
+            &mut ws.mm,
+        );
+    }
+
     /// Runs `tokens` through every layer at positions `kv.seq_len()..`, causally, and returns the logits of the
     /// rows `which` asks for (`rows × vocab`, borrowed from the workspace). `hidden` receives the final
     /// (un-normed) hidden rows.

@@ -15,11 +15,13 @@ pub enum Mode {
     Eagle,
     /// Speculative early exit with the model's exit predictors: lossy, greedy only.
     Specee,
+    /// The same early exit inside eagle's tree verification (merged mapping): lossy, greedy only.
+    SpeceeEagle,
 }
 
 impl Mode {
     /// Every mode this server knows, in the order metrics list them.
-    pub const ALL: &'static [Mode] = &[Mode::Dense, Mode::Eagle, Mode::Specee];
+    pub const ALL: &'static [Mode] = &[Mode::Dense, Mode::Eagle, Mode::Specee, Mode::SpeceeEagle];
 
     /// The name used on the command line, in requests and as the metrics' `mode` label.
     pub fn name(self) -> &'static str {
@@ -27,7 +29,13 @@ impl Mode {
             Mode::Dense => "dense",
             Mode::Eagle => "eagle",
             Mode::Specee => "specee",
+            Mode::SpeceeEagle => "specee-eagle",
         }
+    }
+
+    /// Whether the mode decodes greedily only.
+    pub fn greedy_only(self) -> bool {
+        matches!(self, Mode::Specee | Mode::SpeceeEagle)
     }
 
     /// The mode called `name`.
@@ -68,7 +76,7 @@ impl ModeResources {
             .filter(|m| match m {
                 Mode::Dense => true,
                 Mode::Eagle => self.draft.is_some(),
-                Mode::Specee => self.specee.is_some(),
+                Mode::Specee | Mode::SpeceeEagle => self.specee.is_some(),
             })
             .collect()
     }
@@ -80,7 +88,7 @@ impl ModeResources {
             Mode::Eagle => self.draft.is_none().then_some(
                 "no draft head was loaded for this model (ship heads/<model>.draft.safetensors or start with --draft FILE)",
             ),
-            Mode::Specee => self.specee.is_none().then_some(
+            Mode::Specee | Mode::SpeceeEagle => self.specee.is_none().then_some(
                 "no draft head and exit predictors were loaded for this model (heads/<model>.{draft,exit}.safetensors, \
                  or --draft FILE --exit FILE)",
             ),
@@ -118,7 +126,7 @@ mod tests {
             assert_eq!(Mode::parse(m.name()), Some(m));
         }
         assert_eq!(Mode::parse("turbo"), None);
-        assert_eq!(Mode::names(), "dense, eagle, specee");
+        assert_eq!(Mode::names(), "dense, eagle, specee, specee-eagle");
         let none = ModeResources::default();
         assert_eq!(none.available(), vec![Mode::Dense]);
         assert!(none.missing(Mode::Eagle).unwrap().contains("draft head"));

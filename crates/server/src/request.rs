@@ -261,10 +261,13 @@ impl Common {
                 format!("decoding mode '{}' is not available on this server: {why}", mode.name()),
             ));
         }
-        if mode == Mode::Specee && !sampling.is_greedy() {
+        if mode.greedy_only() && !sampling.is_greedy() {
             return Err(ApiError::invalid_param(
                 "temperature",
-                "decoding mode 'specee' decodes greedily only: send temperature 0 (or pick mode 'eagle' or 'dense')",
+                format!(
+                    "decoding mode '{}' decodes greedily only: send temperature 0 (or pick mode 'eagle' or 'dense')",
+                    mode.name()
+                ),
             ));
         }
         Ok(GenerationRequest {
@@ -502,6 +505,10 @@ mod tests {
         assert_eq!(parse(r#""temperature": 0, "specee": {"mode": "specee"}"#, &all).unwrap().mode, Mode::Specee);
         let e = parse(r#""temperature": 0.7, "specee": {"mode": "specee"}"#, &all).unwrap_err();
         assert_eq!(param(e).as_deref(), Some("temperature"));
+        let e = parse(r#""temperature": 0.7, "specee": {"mode": "specee-eagle"}"#, &all).unwrap_err();
+        assert!(e.to_string().contains("'specee-eagle' decodes greedily only"), "{e}");
+        let r = parse(r#""temperature": 0, "specee": {"mode": "specee-eagle"}"#, &all).unwrap();
+        assert_eq!(r.mode, Mode::SpeceeEagle);
         let e = parse(r#""temperature": 0, "specee": {"mode": "specee"}"#, &defaults()).unwrap_err();
         assert!(e.to_string().contains("not available on this server: no predictors"), "{e}");
     }

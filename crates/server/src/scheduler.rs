@@ -261,6 +261,15 @@ impl Worker {
                 let layers = if s.tokens > 0 { s.layers as u64 * tokens / s.tokens as u64 } else { 0 };
                 (g, DecodeStats { tokens, layers, steps: tokens })
             }
+            Mode::SpeceeEagle => {
+                let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::SpeceeEagle))?;
+                let (g, s) = engine.generate_merged(&prompt_ids, &params, self.ctx, self.threads, setup, on_text)?;
+                let tokens = g.generated_ids.len() as u64;
+                // A tree forward runs all its rows to the same depth: each token committed by it counts that depth.
+                let forwards = s.speculative.target_forwards as u64;
+                let layers = (s.layers as u64 * tokens).checked_div(forwards).unwrap_or(0);
+                (g, DecodeStats { tokens, layers, steps: forwards })
+            }
         };
         let timings = generation.timings;
         let (outcome, finish_reason) = match generation.finish {

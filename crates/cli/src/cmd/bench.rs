@@ -2,13 +2,14 @@
 //! speed (median, min, max over R runs), optionally the multi-row batch curve and llama.cpp measured side by
 //! side in the same run (through the `llama-cpp-python` package) with the ratio.
 //!
-//! `specee bench --mode eagle|ngram|specee|dense --prompts FILE.jsonl [-n N]`: decodes N tokens (greedy, stopping
+//! `specee bench --mode eagle|ngram|specee|specee-eagle|dense --prompts FILE.jsonl [-n N]`: decodes N tokens (greedy, stopping
 //! at end of generation) after every prompt of the file (`{"prompt": "..."}` raw, or `{"messages": [...]}`
 //! rendered with the chat template) densely and with the mode, and reports decode tok/s of both and the speed-up.
 //! Lossless modes (eagle, ngram) must give ids identical to dense (the command fails otherwise) and report τ
 //! (tokens per target forward, bonus included) and the time shares of drafting and verifying; the lossy
-//! `specee` reports its agreement with dense (mean matching prefix, exact matches), average layers run,
-//! predictor calls and failed verifications per token.
+//! `specee` and `specee-eagle` report their agreement with dense (mean matching prefix, exact matches), average
+//! layers run (per token; per tree forward for `specee-eagle`), predictor calls and failed verifications per
+//! token, and τ for `specee-eagle`.
 
 use super::{generate_with, ModeArgs, ModelArgs, RunStats};
 use engine::bench::{bench, bench_tokens, median, BenchParams};
@@ -193,7 +194,7 @@ pub(crate) fn read_prompts(eng: &engine::Engine, path: &std::path::Path) -> anyh
 /// `--prompts`: dense vs the mode on a prompt set.
 fn run_prompts(a: Args) -> anyhow::Result<()> {
     let Some(prompts_path) = a.prompts.as_deref() else {
-        anyhow::bail!("--mode {:?} needs --prompts FILE.jsonl", a.mode.mode);
+        anyhow::bail!("--mode {} needs --prompts FILE.jsonl", a.mode.mode);
     };
     let (eng, path) = a.model.load_with_path()?;
     let threads = a.model.threads();
@@ -203,19 +204,19 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let (mut dense_s, mut mode_s, mut tokens, mut identical) = (0f64, 0f64, 0usize, true);
     let mut total = decode::speculative::SpeculativeStats::default();
     let mut exit_total = decode::specee::SpecEeStats::default();
+    let mut merged_total = decode::specee::MergedStats::default();
     let (mut prefix_sum, mut exact) = (0usize, 0usize);
-    let lossless = a.mode.mode != engine::speculative::Mode::Specee;
+    let lossless = a.mode.mode.is_lossless();
     let mut per_prompt = Vec::new();
     for (i, ids) in prompts.iter().enumerate() {
         let dense = eng.generate(ids, &params, ctx, threads, |_| true)?;
         let runner = a.mode.runner(&eng, &path)?;
         let (g, run_stats) = generate_with(&eng, runner, ids, &params, ctx, threads, |_| true)?;
-        let st = match run_stats {
-            RunStats::Speculative(s) => s,
-            _ => Default::default(),
-        };
-        if let RunStats::Specee(s) = run_stats {
-            exit_total.add(&s);
+        let st = run_stats.speculative().unwrap_or_default();
+        match run_stats {
+            RunStats::Specee(s) => exit_total.add(&s),
+            RunStats::Merged(s) => merged_total.add(&s),
+            _ => {}
         }
         let same = g.generated_ids == dense.generated_ids;
         identical &= same;
@@ -237,7 +238,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         });
         if !a.json {
             eprintln!(
-                "prompt {}/{}: {} tokens, dense {:.1} tok/s, {:?} {:.1} tok/s, τ {:.2}{}",
+                "prompt {}/{}: {} tokens, dense {:.1} tok/s, {} {:.1} tok/s, τ {:.2}{}",
                 i + 1,
                 prompts.len(),
                 g.generated_ids.len(),
@@ -257,7 +258,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let decode_share = (total.draft_time + total.verify_time).as_secs_f64().max(1e-9);
     let mut out = json!({
         "model": path.display().to_string(),
-        "mode": format!("{:?}", a.mode.mode).to_lowercase(),
+        "mode": a.mode.mode.name(),
         "threads": threads,
         "prompts": prompts.len(),
         "n_gen": a.gen,
@@ -271,14 +272,18 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         "identical_to_dense": identical,
         "per_prompt": per_prompt,
     });
+    let exits: engine::early_exit::ExitSummary = match a.mode.mode {
+        engine::speculative::Mode::SpeceeEagle => (&merged_total).into(),
+        _ => (&exit_total).into(),
+    };
     if !lossless {
         let k = prompts.len().max(1) as f64;
         out["mean_matching_prefix"] = json!(prefix_sum as f64 / k);
         out["exact_match"] = json!(exact as f64 / k);
-        out["avg_layers"] = json!(exit_total.avg_layers());
-        out["exit_rate"] = json!(exit_total.exit_rate());
-        out["predictor_calls_per_token"] = json!(exit_total.predictor_calls_per_token());
-        out["verify_failures_per_token"] = json!(exit_total.verify_failures_per_token());
+        out["avg_layers"] = json!(exits.avg_layers);
+        out["exit_rate"] = json!(exits.exit_rate);
+        out["predictor_calls_per_token"] = json!(exits.predictor_calls_per_token);
+        out["verify_failures_per_token"] = json!(exits.verify_failures_per_token);
     }
     if a.llama_cpp {
         let prompt = bench_tokens(&eng, a.prompt.max(1));
@@ -312,15 +317,20 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         if !lossless {
             println!(
                 "\nagreement with dense: mean matching prefix {:.1} tokens, {:.0}% of outputs identical; \
-                 {:.2} of {} layers per token, {:.0}% exited at a predictor, {:.2} predictor calls and {:.3} failed \
+                 {:.2} of {} layers per {}, {:.0}% settled by a predictor, {:.2} predictor calls and {:.3} failed \
                  verifications per token",
                 out["mean_matching_prefix"].as_f64().unwrap_or(0.0),
                 100.0 * out["exact_match"].as_f64().unwrap_or(0.0),
-                exit_total.avg_layers(),
+                exits.avg_layers,
                 eng.model.config.n_layers,
-                100.0 * exit_total.exit_rate(),
-                exit_total.predictor_calls_per_token(),
-                exit_total.verify_failures_per_token()
+                if a.mode.mode.is_lossless() || a.mode.mode == engine::speculative::Mode::Specee {
+                    "token"
+                } else {
+                    "tree forward"
+                },
+                100.0 * exits.exit_rate,
+                exits.predictor_calls_per_token,
+                exits.verify_failures_per_token
             );
         }
         if let Some(l) = out.get("llama_cpp") {
@@ -334,7 +344,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         }
     }
     if lossless && !identical {
-        anyhow::bail!("the {:?} output differs from dense greedy on some prompt", a.mode.mode);
+        anyhow::bail!("the {} output differs from dense greedy on some prompt", a.mode.mode);
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
-//! `specee eval -m PATH --mode specee --text FILE [--prompts FILE.jsonl] [-c 256] [--chunks N] [-n 64] [--json]`:
+//! `specee eval -m PATH --mode specee|specee-eagle --text FILE [--prompts FILE.jsonl] [-c 256] [--chunks N] [-n 64] [--json]`:
 //! the quality of a lossy mode against dense decoding.
 //!
 //! - `--text`: teacher-forced, chunked as `specee perplexity` (chunks of `-c` tokens, the first half as context):
 //!   at every scored position the mode decides the next token; `agreement` is the share equal to dense top-1,
 //!   `ppl_dense` / `ppl_mode` the perplexities (the mode's from its exit layer's logits), `avg_layers` the layers
-//!   run per token.
+//!   run per token. For `specee-eagle` every scored position is the root of a tree drafted from the true prefix,
+//!   the mode's token is what that step would commit first, and `avg_layers` counts layers per tree forward.
 //! - `--prompts`: free-running greedy, `-n` tokens per prompt (no stop at end of generation): mean matching
 //!   prefix with dense and the share of prompts whose output is identical.
 
@@ -41,9 +42,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if a.mode.mode != Mode::Specee {
-        anyhow::bail!("`specee eval` measures lossy modes; --mode {:?} is lossless (use --mode specee)", a.mode.mode);
-    }
+    let which = match a.mode.mode {
+        Mode::Specee => engine::early_exit::ExitMode::Specee,
+        Mode::SpeceeEagle => engine::early_exit::ExitMode::Merged,
+        other => anyhow::bail!(
+            "`specee eval` measures lossy modes; --mode {other} is lossless (use --mode specee or specee-eagle)"
+        ),
+    };
     let text =
         std::fs::read_to_string(&a.text).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.text.display()))?;
     let (eng, path) = a.model.load_with_path()?;
@@ -56,7 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let _ = std::io::stderr().flush();
         }
     };
-    let t = engine::early_exit::eval_text(&eng, &setup, &text, a.ctx, threads, a.chunks, |d, n| {
+    let t = engine::early_exit::eval_text(&eng, &setup, which, &text, a.ctx, threads, a.chunks, |d, n| {
         show("teacher-forced", d, n)
     })?;
     if !quiet {
@@ -65,7 +70,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let n_layers = eng.model.config.n_layers;
     let mut out = json!({
         "model": path.display().to_string(),
-        "mode": "specee",
+        "mode": a.mode.mode.name(),
         "kv_policy": format!("{:?}", setup.config.policy).to_lowercase(),
         "verify": format!("{:?}", setup.config.verify).to_lowercase(),
         "threshold": setup.threshold(),
@@ -74,15 +79,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "agreement": t.agreement,
         "ppl_dense": t.ppl_dense,
         "ppl_mode": t.ppl_mode,
-        "avg_layers": t.stats.avg_layers(),
-        "exit_rate": t.stats.exit_rate(),
-        "predictor_calls_per_token": t.stats.predictor_calls_per_token(),
-        "verify_failures_per_token": t.stats.verify_failures_per_token(),
+        "avg_layers": t.exits.avg_layers,
+        "exit_rate": t.exits.exit_rate,
+        "predictor_calls_per_token": t.exits.predictor_calls_per_token,
+        "verify_failures_per_token": t.exits.verify_failures_per_token,
         "seconds": t.seconds,
     });
     if let Some(pp) = &a.prompts {
         let prompts = super::bench::read_prompts(&eng, pp)?;
-        let p = engine::early_exit::eval_prompts(&eng, &setup, &prompts, a.gen, threads, |d, n| {
+        let p = engine::early_exit::eval_prompts(&eng, &setup, which, &prompts, a.gen, threads, |d, n| {
             show("free-running", d, n)
         })?;
         if !quiet {
@@ -93,7 +98,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "n_gen": p.n_tokens,
             "mean_matching_prefix": p.mean_matching_prefix,
             "exact_match": p.exact_match,
-            "avg_layers": p.stats.avg_layers(),
+            "avg_layers": p.exits.avg_layers,
         });
     }
     if a.json {
@@ -102,19 +107,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     println!(
         "teacher-forced ({} positions of {}): agreement {:.4}, PPL dense {:.4} → mode {:.4} ({:+.2}%), \
-         {:.2} of {} layers per token, {:.0}% exited at a predictor, {:.2} predictor calls and {:.3} failed verifications \
-         per token",
+         {:.2} of {} layers per {}, {:.0}% settled by a predictor, {:.2} predictor calls and {:.3} failed \
+         verifications per token",
         t.positions,
         a.text.display(),
         t.agreement,
         t.ppl_dense,
         t.ppl_mode,
         100.0 * (t.ppl_mode / t.ppl_dense - 1.0),
-        t.stats.avg_layers(),
+        t.exits.avg_layers,
         n_layers,
-        100.0 * t.stats.exit_rate(),
-        t.stats.predictor_calls_per_token(),
-        t.stats.verify_failures_per_token()
+        if which == engine::early_exit::ExitMode::Merged { "tree forward" } else { "token" },
+        100.0 * t.exits.exit_rate,
+        t.exits.predictor_calls_per_token,
+        t.exits.verify_failures_per_token
     );
     if let Some(f) = out.get("free_running") {
         println!(

@@ -89,8 +89,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     "prompt_tokens": t.prompt_tokens,
                     "decode_tokens": t.decode_tokens,
                 },
-                "speculative": match stats {
-                    RunStats::Speculative(s) => serde_json::json!({
+                "speculative": match stats.speculative() {
+                    Some(s) => serde_json::json!({
                         "acceptance_length": s.acceptance_length(),
                         "target_forwards": s.target_forwards,
                         "drafted_nodes": s.drafted_nodes,
@@ -99,14 +99,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     }),
                     _ => serde_json::Value::Null,
                 },
-                "early_exit": match stats {
-                    RunStats::Specee(s) => serde_json::json!({
-                        "avg_layers": s.avg_layers(),
-                        "exit_rate": s.exit_rate(),
-                        "predictor_calls_per_token": s.predictor_calls_per_token(),
-                        "verify_failures_per_token": s.verify_failures_per_token(),
+                "early_exit": match stats.exits() {
+                    Some(s) => serde_json::json!({
+                        "avg_layers": s.avg_layers,
+                        "exit_rate": s.exit_rate,
+                        "predictor_calls_per_token": s.predictor_calls_per_token,
+                        "verify_failures_per_token": s.verify_failures_per_token,
                     }),
-                    _ => serde_json::Value::Null,
+                    None => serde_json::Value::Null,
                 },
             })
         );
@@ -120,18 +120,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
-        if let RunStats::Specee(s) = stats {
+        if let Some(s) = stats.exits() {
+            let unit = if matches!(stats, RunStats::Merged(_)) { "tree forward" } else { "token" };
             eprintln!(
-                "specee: {:.1} of {} layers per token, {:.0}% of tokens exited at a predictor, {:.2} predictor calls and \
+                "early exit: {:.1} of {} layers per {unit}, {:.0}% settled by a predictor, {:.2} predictor calls and \
                  {:.3} failed verifications per token",
-                s.avg_layers(),
+                s.avg_layers,
                 eng.model.config.n_layers,
-                100.0 * s.exit_rate(),
-                s.predictor_calls_per_token(),
-                s.verify_failures_per_token()
+                100.0 * s.exit_rate,
+                s.predictor_calls_per_token,
+                s.verify_failures_per_token
             );
         }
-        if let RunStats::Speculative(s) = stats {
+        if let Some(s) = stats.speculative() {
             eprintln!(
                 "speculative: τ {:.2} tokens per target forward ({} forwards, {} of {} drafted tokens accepted), \
                  {:.0}% of decode time drafting",

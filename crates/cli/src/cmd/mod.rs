@@ -70,19 +70,20 @@ pub fn sibling(out: &std::path::Path, suffix: &str) -> PathBuf {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModeArgs {
     /// How tokens are produced: dense, eagle (tree speculative decoding with a trained draft head; lossless),
-    /// ngram (tree speculative decoding with prompt lookup; lossless) or specee (early exit with trained
-    /// per-layer predictors; lossy, greedy).
+    /// ngram (tree speculative decoding with prompt lookup; lossless), specee (early exit with trained
+    /// per-layer predictors; lossy, greedy) or specee-eagle (early exit inside eagle's tree verification;
+    /// lossy, greedy).
     #[arg(long, default_value = "dense")]
     pub mode: engine::speculative::Mode,
     /// Draft head for --mode eagle and specee (default: heads/<model file stem>.draft.safetensors). --mode eagle
     /// also takes a published EAGLE-1/2/3 checkpoint folder (config.json + model.safetensors or pytorch_model.bin).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle: 1,1,1, or 4,4,10 with a published head; for ngram:
-    /// 5,2,8).
+    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle and specee-eagle: 1,1,1, or 4,4,10 with a published
+    /// head; for ngram: 5,2,8).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
-    /// Exit predictors for --mode specee (default: heads/<model file stem>.exit.safetensors).
+    /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).
     #[arg(long)]
     pub exit: Option<PathBuf>,
     /// --mode specee: what skipped layers get in their KV cache: missing (as published), propagate (K/V from
@@ -116,6 +117,7 @@ pub enum Runner {
     Dense,
     Speculative(engine::speculative::AnyProposer),
     Specee(engine::early_exit::SpecEeSetup),
+    Merged(engine::early_exit::SpecEeSetup),
 }
 
 /// The counters of the mode that ran.
@@ -125,6 +127,27 @@ pub enum RunStats {
     Dense,
     Speculative(decode::speculative::SpeculativeStats),
     Specee(decode::specee::SpecEeStats),
+    Merged(decode::specee::MergedStats),
+}
+
+impl RunStats {
+    /// The tree speculative counters (`eagle`, `ngram`, `specee-eagle`).
+    pub fn speculative(&self) -> Option<decode::speculative::SpeculativeStats> {
+        match self {
+            RunStats::Speculative(s) => Some(*s),
+            RunStats::Merged(s) => Some(s.speculative),
+            _ => None,
+        }
+    }
+
+    /// The early-exit counters (`specee`, `specee-eagle`).
+    pub fn exits(&self) -> Option<engine::early_exit::ExitSummary> {
+        match self {
+            RunStats::Specee(s) => Some(s.into()),
+            RunStats::Merged(s) => Some(s.into()),
+            _ => None,
+        }
+    }
 }
 
 impl ModeArgs {
@@ -142,6 +165,7 @@ impl ModeArgs {
                 Runner::Speculative(AnyProposer::Ngram(p))
             }
             Mode::Specee => Runner::Specee(self.specee_setup(eng, model_path)?),
+            Mode::SpeceeEagle => Runner::Merged(self.specee_setup(eng, model_path)?),
         })
     }
 
@@ -152,7 +176,7 @@ impl ModeArgs {
         model_path: &std::path::Path,
     ) -> anyhow::Result<engine::early_exit::SpecEeSetup> {
         Ok(engine::early_exit::SpecEeSetup {
-            head: engine::speculative::load_head(eng, model_path, self.draft.as_deref())?,
+            head: std::sync::Arc::new(engine::speculative::load_head(eng, model_path, self.draft.as_deref())?),
             predictors: engine::early_exit::load_predictors(eng, model_path, self.exit.as_deref())?,
             config: decode::specee::SpecEeConfig {
                 policy: self.kv_policy,
@@ -160,6 +184,7 @@ impl ModeArgs {
                 threshold: self.exit_threshold,
                 offline_only: self.offline_only,
             },
+            tree: self.tree,
         })
     }
 }
@@ -183,6 +208,10 @@ pub fn generate_with(
         Runner::Specee(setup) => {
             let (g, s) = eng.generate_specee(ids, params, ctx, threads, &setup, on_text)?;
             (g, RunStats::Specee(s))
+        }
+        Runner::Merged(setup) => {
+            let (g, s) = eng.generate_merged(ids, params, ctx, threads, &setup, on_text)?;
+            (g, RunStats::Merged(s))
         }
     })
 }

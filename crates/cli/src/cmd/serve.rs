@@ -51,9 +51,10 @@ fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::
     let exit_path = a.exit.clone().unwrap_or_else(|| early_exit::default_exit_path(path));
     let specee = match &draft {
         Some(head) if a.exit.is_some() || exit_path.exists() => Some(early_exit::SpecEeSetup {
-            head: (**head).clone(),
+            head: head.clone(),
             predictors: early_exit::load_predictors(eng, path, Some(&exit_path))?,
             config: decode::specee::SpecEeConfig::default(),
+            tree: None,
         }),
         _ => None,
     };

@@ -100,6 +100,12 @@ def main():
         model=model, messages=messages, max_tokens=chat["max_tokens"], temperature=0, extra_body={"specee": {"mode": "specee"}}
     )
     check("specee.mode specee answers", bool(r.choices[0].message.content) and r.usage.completion_tokens > 0, r)
+    r = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=chat["max_tokens"], temperature=0,
+        extra_body={"specee": {"mode": "specee-eagle"}},
+    )
+    check("specee.mode specee-eagle answers", bool(r.choices[0].message.content) and r.usage.completion_tokens > 0, r)
+    check("specee-eagle reported", (r.model_dump().get("specee") or {}).get("mode") == "specee-eagle", r.model_dump().get("specee"))
     try:
         client.chat.completions.create(
             model=model, messages=messages, max_tokens=4, temperature=0.7, extra_body={"specee": {"mode": "specee"}}

@@ -169,11 +169,11 @@ enum Run<'a> {
 
 /// An exited token waiting for its skipped layers ([`KvPolicy::Deferred`]).
 #[derive(Clone, Debug)]
-struct Pending {
+pub(super) struct Pending {
     /// Hidden state entering layer `next`.
-    hidden: Vec<f32>,
-    pos: u32,
-    next: usize,
+    pub(super) hidden: Vec<f32>,
+    pub(super) pos: u32,
+    pub(super) next: usize,
 }
 
 /// Early-exit decoding of one sequence.

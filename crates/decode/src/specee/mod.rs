@@ -8,14 +8,17 @@
 //! - [`schedule`]: which layers evaluate their predictor (offline set + layers near recent exits).
 //! - [`SpecEeDecoder`]: the decoding loop, its KV policies for skipped layers ([`KvPolicy`]) and exit
 //!   verification variants ([`Verify`]).
+//! - [`MergedDecoder`]: the same exits inside EAGLE tree verification (`--mode specee-eagle`, merged mapping).
 //!
 //! Reference: Xu et al., "SpecEE: Accelerating Large Language Model Inference with Speculative Early Exiting"
 //! (ISCA 2025, arXiv:2504.08850).
 
 mod decoder;
+mod merged;
 pub mod predictor;
 pub mod schedule;
 
 pub use decoder::{KvPolicy, SpecEeConfig, SpecEeDecoder, SpecEeStats, Step, Verify};
+pub use merged::{MergedDecoder, MergedStats};
 pub use predictor::{ExitPredictors, Mlp, PredictorError, ScheduleConfig, CANDIDATES, MAX_FEATURES, N_FEATURES};
 pub use schedule::Scheduler;

@@ -23,7 +23,7 @@
 //! (where the width allows) and multiplied by the same kernels as the target.
 
 use super::proposer::{DraftContext, FeatureSource, Proposer};
-use super::tree::{build_dynamic_tree, DraftTree, TreeConfig};
+use super::tree::{build_dynamic_tree_traced, DraftTree, TreeConfig};
 use super::SpeculativeError;
 use kernels::{matmul, matmul_many, GgmlType, MatmulScratch, QMatrix, ThreadPool};
 use model::blocks::{glu_in_place, rms_norm};
@@ -305,6 +305,12 @@ pub struct EagleProposer {
     out_features: Vec<f32>,
     logits: Vec<f32>,
     order: Vec<u32>,
+    /// Pool index of each node of the last tree.
+    origin: Vec<usize>,
+    /// Per pool node: whether the search expanded it.
+    expanded: Vec<bool>,
+    /// Per pool node: its best next tokens (`propose_with_candidates`' `k` per node).
+    pool_candidates: Vec<(u32, f32)>,
 }
 
 impl EagleProposer {
@@ -321,6 +327,9 @@ impl EagleProposer {
             out_features: Vec::new(),
             logits: Vec::new(),
             order: Vec::new(),
+            origin: Vec::new(),
+            expanded: Vec::new(),
+            pool_candidates: Vec::new(),
         }
     }
 
@@ -359,21 +368,104 @@ pub(crate) fn top_k_indices(logits: &[f32], k: usize, order: &mut Vec<u32>) {
     order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
 }
 
-impl Proposer for EagleProposer {
-    fn feature_source(&self) -> FeatureSource {
-        FeatureSource::FinalNorm
+impl EagleProposer {
+    /// [`Proposer::propose`], also leaving in `candidates` the head's `k` best next tokens of **every** node of
+    /// the final tree (target ids with their draft log-probabilities, best first, `k` pairs per node in node
+    /// order) — the candidates whose logits SpecEE's exit predictors read inside the tree (merged mapping).
+    /// Expanded nodes reuse what the tree search computed; the rest (the leaves) take one more batched head
+    /// call. `candidates` is left empty when the context is too short to draft.
+    pub fn propose_with_candidates(
+        &mut self,
+        context: &DraftContext<'_>,
+        tree: &mut DraftTree,
+        k: usize,
+        candidates: &mut Vec<(u32, f32)>,
+    ) -> Result<(), SpeculativeError> {
+        candidates.clear();
+        self.draft(context, tree, k)?;
+        let Some(root_feature) = Self::root_feature(context) else { return Ok(()) };
+        if k == 0 {
+            return Ok(());
+        }
+        let d = self.head.n_embd;
+        // Nodes the search never expanded: their candidates need one more head call.
+        let missing: Vec<usize> = (0..tree.len()).filter(|&i| !self.expanded[self.origin[i]]).collect();
+        if !missing.is_empty() {
+            self.tokens.clear();
+            self.inputs.clear();
+            for &i in &missing {
+                self.tokens.push(tree.node(i).token);
+                if i == 0 {
+                    self.inputs.extend_from_slice(root_feature);
+                } else {
+                    let p = self.origin[tree.node(i).parent];
+                    self.inputs.extend_from_slice(&self.node_features[p * d..(p + 1) * d]);
+                }
+            }
+            let head = &*self.head;
+            head.forward(
+                context.model,
+                &self.tokens,
+                &self.inputs,
+                context.pool,
+                &mut self.scratch,
+                &mut self.out_features,
+                &mut self.logits,
+            )?;
+        }
+        let mut fresh = Vec::with_capacity(k);
+        let mut next_missing = 0;
+        for i in 0..tree.len() {
+            let o = self.origin[i];
+            if self.expanded[o] {
+                candidates.extend_from_slice(&self.pool_candidates[o * k..(o + 1) * k]);
+            } else {
+                let r = next_missing;
+                next_missing += 1;
+                fresh.clear();
+                let v = self.head.vocab;
+                top_k_log_probs(&self.logits[r * v..(r + 1) * v], k, &mut self.order, &mut fresh);
+                // A head with fewer than `k` draft tokens repeats its best one.
+                for j in 0..k {
+                    let (t, lp) = fresh.get(j).or(fresh.first()).copied().unwrap_or((0, 0.0));
+                    candidates.push((self.head.d2t[t as usize], lp));
+                }
+            }
+        }
+        Ok(())
     }
 
-    fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
-        let n = context.tokens.len();
+    fn root_feature<'c>(context: &DraftContext<'c>) -> Option<&'c [f32]> {
+        context.tokens.len().checked_sub(2).and_then(|i| context.feature(i))
+    }
+
+    /// Builds the tree; remembers, per candidate-pool node, whether it was expanded and (when `k > 0`) its `k`
+    /// best next tokens.
+    fn draft(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree, k: usize) -> Result<(), SpeculativeError> {
         // The root's draft needs the target's feature of the token before it.
-        let Some(root_feature) = n.checked_sub(2).and_then(|i| context.feature(i)) else { return Ok(()) };
+        let Some(root_feature) = Self::root_feature(context) else { return Ok(()) };
         let d = self.head.n_embd;
         let (model, pool) = (context.model, context.pool);
         self.node_features.clear();
-        let EagleProposer { head, tree: config, scratch, node_features, tokens, inputs, out_features, logits, order } =
-            self;
-        build_dynamic_tree(config, tree, |pool_tree, frontier, children| {
+        self.expanded.clear();
+        self.pool_candidates.clear();
+        let EagleProposer {
+            head,
+            tree: config,
+            scratch,
+            node_features,
+            tokens,
+            inputs,
+            out_features,
+            logits,
+            order,
+            origin,
+            expanded,
+            pool_candidates,
+        } = self;
+        let keep = config.top_k.max(k);
+        let mut best = Vec::with_capacity(keep);
+        build_dynamic_tree_traced(config, tree, origin, |pool_tree, frontier, children| {
             tokens.clear();
             inputs.clear();
             for &v in frontier {
@@ -388,23 +480,43 @@ impl Proposer for EagleProposer {
             }
             head.forward(model, tokens, inputs, pool, scratch, out_features, logits)?;
             // Remember each expanded node's predicted feature (its children's input), by pool index.
-            let needed = (pool_tree.len()) * d;
-            if node_features.len() < needed {
-                node_features.resize(needed, 0.0);
+            let needed = pool_tree.len();
+            if node_features.len() < needed * d {
+                node_features.resize(needed * d, 0.0);
+                expanded.resize(needed, false);
+                pool_candidates.resize(needed * k, (0, 0.0));
             }
             for (r, &v) in frontier.iter().enumerate() {
                 node_features[v * d..(v + 1) * d].copy_from_slice(&out_features[r * d..(r + 1) * d]);
-            }
-            for r in 0..frontier.len() {
-                let mut kids = Vec::with_capacity(config.top_k);
-                top_k_log_probs(&logits[r * head.vocab..(r + 1) * head.vocab], config.top_k, order, &mut kids);
-                for kid in kids.iter_mut() {
-                    kid.0 = head.d2t[kid.0 as usize];
+                expanded[v] = true;
+                best.clear();
+                top_k_log_probs(&logits[r * head.vocab..(r + 1) * head.vocab], keep, order, &mut best);
+                for b in best.iter_mut() {
+                    b.0 = head.d2t[b.0 as usize];
                 }
-                children.push(kids);
+                for j in 0..k {
+                    pool_candidates[v * k + j] = best.get(j).or(best.first()).copied().unwrap_or((0, 0.0));
+                }
+                children.push(best.iter().take(config.top_k).copied().collect());
             }
             Ok::<(), SpeculativeError>(())
-        })
+        })?;
+        // Pool nodes created by the last expansion were never expanded themselves.
+        let pool_len = origin.iter().copied().max().unwrap_or(0) + 1;
+        if expanded.len() < pool_len {
+            expanded.resize(pool_len, false);
+        }
+        Ok(())
+    }
+}
+
+impl Proposer for EagleProposer {
+    fn feature_source(&self) -> FeatureSource {
+        FeatureSource::FinalNorm
+    }
+
+    fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
+        self.draft(context, tree, 0)
     }
 }
 

@@ -55,14 +55,14 @@ pub struct DraftContext<'a> {
     pub stable_prefix: usize,
 }
 
-impl DraftContext<'_> {
+impl<'a> DraftContext<'a> {
     /// The root token (the last committed one).
     pub fn root(&self) -> Option<u32> {
         self.tokens.last().copied()
     }
 
     /// Feature row of committed token `i` (`i < tokens.len() - 1`).
-    pub fn feature(&self, i: usize) -> Option<&[f32]> {
+    pub fn feature(&self, i: usize) -> Option<&'a [f32]> {
         let w = self.feature_width;
         self.features.get(i * w..(i + 1) * w).filter(|_| w > 0)
     }

@@ -195,6 +195,17 @@ impl Default for TreeConfig {
 pub fn build_dynamic_tree<E>(
     config: &TreeConfig,
     tree: &mut DraftTree,
+    expand: impl FnMut(&DraftTree, &[usize], &mut Vec<Vec<(u32, f32)>>) -> Result<(), E>,
+) -> Result<(), E> {
+    build_dynamic_tree_traced(config, tree, &mut Vec::new(), expand)
+}
+
+/// [`build_dynamic_tree`], also leaving in `origin[i]` the index in `expand`'s candidate pool of tree node `i`
+/// (so a caller can find what it computed for that node while expanding).
+pub fn build_dynamic_tree_traced<E>(
+    config: &TreeConfig,
+    tree: &mut DraftTree,
+    origin: &mut Vec<usize>,
     mut expand: impl FnMut(&DraftTree, &[usize], &mut Vec<Vec<(u32, f32)>>) -> Result<(), E>,
 ) -> Result<(), E> {
     let root_token = tree.root_token();
@@ -222,12 +233,13 @@ pub fn build_dynamic_tree<E>(
         frontier.clear();
         frontier.extend_from_slice(&fresh);
     }
-    select_best(&pool, config.budget, tree);
+    select_best(&pool, config.budget, tree, origin);
     Ok(())
 }
 
-/// Rebuilds `out` from the `budget` best nodes of `pool` (ancestor-closed, in `pool`'s order).
-fn select_best(pool: &DraftTree, budget: usize, out: &mut DraftTree) {
+/// Rebuilds `out` from the `budget` best nodes of `pool` (ancestor-closed, in `pool`'s order); `origin[i]` is
+/// the pool index of `out`'s node `i`.
+fn select_best(pool: &DraftTree, budget: usize, out: &mut DraftTree, origin: &mut Vec<usize>) {
     let mut order: Vec<usize> = (1..pool.len()).collect();
     order.sort_by(|&a, &b| {
         let (na, nb) = (&pool.nodes[a], &pool.nodes[b]);
@@ -248,11 +260,14 @@ fn select_best(pool: &DraftTree, budget: usize, out: &mut DraftTree) {
         }
     }
     out.reset(pool.root_token());
+    origin.clear();
+    origin.push(ROOT);
     let mut remap = vec![ROOT; pool.len()];
     for i in 1..pool.len() {
         if chosen[i] {
             let n = pool.nodes[i];
             remap[i] = out.push(remap[n.parent], n.token, n.log_prob);
+            origin.push(i);
         }
     }
 }
@@ -333,6 +348,23 @@ mod tests {
         assert!(t.children(one).any(|c| t.node(c).token == 2));
         // Only the top 2 children of the root were candidates at all.
         assert!(t.children(ROOT).all(|c| t.node(c).token <= 2));
+        // The traced build gives the same tree and where each node came from in the pool.
+        let (mut traced, mut origin) = (DraftTree::new(0), Vec::new());
+        let mut pool_tokens = vec![0u32];
+        build_dynamic_tree_traced(&config, &mut traced, &mut origin, |pool, f: &[usize], out| {
+            pool_tokens = pool.nodes().iter().map(|n| n.token).collect();
+            toy_expand(pool, f, out)
+        })
+        .unwrap();
+        assert_eq!(traced.nodes(), t.nodes());
+        assert_eq!(origin.len(), t.len());
+        assert!(origin.windows(2).all(|w| w[0] < w[1]), "{origin:?}");
+        // The last expansion's pool lacks the final children, but every expanded node's token matches.
+        for (i, &o) in origin.iter().enumerate() {
+            if o < pool_tokens.len() {
+                assert_eq!(pool_tokens[o], t.node(i).token);
+            }
+        }
     }
 
     #[test]
