@@ -7,8 +7,8 @@
 
 use crate::error::EngineError;
 use crate::perplexity::{log_prob, text_chunks};
-use crate::session::{Emitter, Engine, GenerateParams, Generation};
-use crate::speculative::shipped_path;
+use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
+use crate::speculative::{emit_tree_steps, shipped_path};
 use decode::sampling::argmax;
 use decode::specee::{ExitPredictors, MergedDecoder, MergedStats, SpecEeConfig, SpecEeDecoder, SpecEeStats};
 use decode::speculative::{DraftHead, EagleProposer, TreeConfig};
@@ -69,10 +69,14 @@ impl SpecEeSetup {
     }
 }
 
-fn specee_error(e: decode::speculative::SpeculativeError) -> EngineError {
-    match e {
-        decode::speculative::SpeculativeError::Model(m) => EngineError::Model(m),
-        other => EngineError::Speculative(other.to_string()),
+use crate::speculative::speculative_error as specee_error;
+
+/// Early exit has no full distribution to sample from: refuse sampling for `mode`.
+fn greedy_only(params: &GenerateParams, mode: &str) -> Result<(), EngineError> {
+    if params.sampling.is_greedy() {
+        Ok(())
+    } else {
+        Err(EngineError::Unsupported(format!("--mode {mode} decodes greedily only (use --temp 0)")))
     }
 }
 
@@ -88,15 +92,8 @@ impl Engine {
         setup: &SpecEeSetup,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Generation, SpecEeStats), EngineError> {
-        if !params.sampling.is_greedy() {
-            return Err(EngineError::Unsupported("--mode specee decodes greedily only (use --temp 0)".into()));
-        }
-        if prompt_ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt_ids.len() >= ctx {
-            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
-        }
+        greedy_only(params, "specee")?;
+        check_prompt(prompt_ids, ctx)?;
         let capacity = (prompt_ids.len() + params.max_tokens).min(ctx);
         let mut dec = setup.decoder(self, capacity, threads);
         let mut out = Emitter::new(self, params, prompt_ids.len());
@@ -128,15 +125,8 @@ impl Engine {
         setup: &SpecEeSetup,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Generation, MergedStats), EngineError> {
-        if !params.sampling.is_greedy() {
-            return Err(EngineError::Unsupported("--mode specee-eagle decodes greedily only (use --temp 0)".into()));
-        }
-        if prompt_ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt_ids.len() >= ctx {
-            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
-        }
+        greedy_only(params, "specee-eagle")?;
+        check_prompt(prompt_ids, ctx)?;
         let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
         let mut dec = setup.merged_decoder(self, capacity, threads);
         let mut out = Emitter::new(self, params, prompt_ids.len());
@@ -144,17 +134,7 @@ impl Engine {
         dec.feed(prompt_ids).map_err(specee_error)?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        'outer: while out.generated.len() < params.max_tokens {
-            if dec.tokens().len() + 1 >= capacity {
-                break;
-            }
-            let step = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(specee_error)?;
-            for &next in step {
-                if !out.push(next, &mut on_text) {
-                    break 'outer;
-                }
-            }
-        }
+        emit_tree_steps(&mut dec, &mut out, capacity, &mut on_text)?;
         let stats = *dec.stats();
         Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
     }

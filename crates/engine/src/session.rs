@@ -125,14 +125,8 @@ impl Engine {
         threads: usize,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
-        if prompt_ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        let needed = prompt_ids.len() + params.max_tokens;
-        if prompt_ids.len() >= ctx {
-            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
-        }
-        let capacity = needed.min(ctx);
+        check_prompt(prompt_ids, ctx)?;
+        let capacity = (prompt_ids.len() + params.max_tokens).min(ctx);
         let mut dec = DenseDecoder::new(&self.model, capacity, threads);
         let mut sampler = Sampler::new(params.sampling.clone());
         let mut out = Emitter::new(self, params, prompt_ids.len());
@@ -154,6 +148,17 @@ impl Engine {
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))
     }
+}
+
+/// The prompt checks every generation mode makes: not empty, shorter than the context.
+pub(crate) fn check_prompt(prompt_ids: &[u32], ctx: usize) -> Result<(), EngineError> {
+    if prompt_ids.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if prompt_ids.len() >= ctx {
+        return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
+    }
+    Ok(())
 }
 
 /// What one generation has produced so far, with the stop rules of [`GenerateParams`]: shared by dense and
@@ -179,6 +184,11 @@ impl<'e> Emitter<'e> {
             finish: FinishReason::Length,
             timings: Timings { prompt_tokens, ..Default::default() },
         }
+    }
+
+    /// Tokens to generate at most.
+    pub(crate) fn max_tokens(&self) -> usize {
+        self.params.max_tokens
     }
 
     /// Takes the next token; returns `false` when generation must end (end of generation, a stop string,

@@ -7,7 +7,7 @@
 //! `pytorch_model.bin`): see [`load_eagle`].
 
 use crate::error::EngineError;
-use crate::session::{Emitter, Engine, GenerateParams, Generation};
+use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
 use decode::speculative::{
     DraftHead, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer, SpeculativeDecoder,
     SpeculativeStats, TreeConfig,
@@ -171,12 +171,7 @@ impl Engine {
         proposer: AnyProposer,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Generation, SpeculativeStats), EngineError> {
-        if prompt_ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt_ids.len() >= ctx {
-            return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx });
-        }
+        check_prompt(prompt_ids, ctx)?;
         // Room for a whole draft tree past the last token.
         let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
         let mut dec = SpeculativeDecoder::new(&self.model, capacity, threads, proposer, params.sampling.clone());
@@ -186,23 +181,61 @@ impl Engine {
         dec.feed(prompt_ids).map_err(speculative_error)?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        'outer: while out.generated.len() < params.max_tokens {
-            if dec.tokens().len() + 1 >= capacity {
-                break;
-            }
-            let step = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?;
-            for &next in step {
-                if !out.push(next, &mut on_text) {
-                    break 'outer;
-                }
-            }
-        }
+        emit_tree_steps(&mut dec, &mut out, capacity, &mut on_text)?;
         let stats = *dec.stats();
         Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
     }
 }
 
-fn speculative_error(e: decode::speculative::SpeculativeError) -> EngineError {
+/// A decoder that commits one or more tokens per step (tree speculative decoding, with or without early exit).
+pub(crate) trait TreeSteps {
+    /// Committed tokens so far.
+    fn committed(&self) -> usize;
+    /// One step committing at most `max_tokens` tokens.
+    fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError>;
+}
+
+impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
+    fn committed(&self) -> usize {
+        self.tokens().len()
+    }
+    fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
+        SpeculativeDecoder::step_at_most(self, max_tokens)
+    }
+}
+
+impl TreeSteps for decode::specee::MergedDecoder<'_> {
+    fn committed(&self) -> usize {
+        self.tokens().len()
+    }
+    fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
+        decode::specee::MergedDecoder::step_at_most(self, max_tokens)
+    }
+}
+
+/// Steps `dec` until the emitter has all its tokens, stops, or the cache (`capacity`) is full, handing every
+/// committed token to the emitter (which applies the stop rules and streams the text).
+pub(crate) fn emit_tree_steps(
+    dec: &mut impl TreeSteps,
+    out: &mut Emitter<'_>,
+    capacity: usize,
+    on_text: &mut impl FnMut(&str) -> bool,
+) -> Result<(), EngineError> {
+    while out.generated.len() < out.max_tokens() {
+        if dec.committed() + 1 >= capacity {
+            break;
+        }
+        for &next in dec.step_at_most(out.max_tokens() - out.generated.len()).map_err(speculative_error)? {
+            if !out.push(next, on_text) {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A decoding error as an engine error (model errors keep their type).
+pub(crate) fn speculative_error(e: decode::speculative::SpeculativeError) -> EngineError {
     match e {
         decode::speculative::SpeculativeError::Model(m) => EngineError::Model(m),
         other => EngineError::Speculative(other.to_string()),
