@@ -116,10 +116,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let report = train::train_draft(&engine.model, &train_data, &heldout, &a.out, &topts, metadata)?;
     let size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
-        "wrote {} ({:.1} MB) after {} epochs on {} positions in {:.0} s: held-out top-1 {:.3}, top-3 {:.3}, \
-         step-2 top-1 {:.3}",
+        "wrote {} ({:.1} MB) after {} epochs ({} in this run) on {} positions in {:.0} s: held-out top-1 {:.3}, \
+         top-3 {:.3}, step-2 top-1 {:.3}",
         a.out.display(),
         size as f64 / 1e6,
+        a.epochs,
         report.epochs_run,
         report.train_positions,
         report.seconds,
