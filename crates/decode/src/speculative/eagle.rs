@@ -347,6 +347,12 @@ impl EagleProposer {
     }
 }
 
+/// Entry `j` of a best-first candidate list, or its best entry when the list is shorter (a head with fewer draft
+/// tokens than candidates asked for repeats its best one).
+fn padded(best: &[(u32, f32)], j: usize) -> (u32, f32) {
+    best.get(j).or(best.first()).copied().unwrap_or((0, 0.0))
+}
+
 /// Log-softmax of `logits` and its `k` best entries as `(index, log_prob)`, best first.
 pub(crate) fn top_k_log_probs(logits: &[f32], k: usize, order: &mut Vec<u32>, out: &mut Vec<(u32, f32)>) {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
@@ -425,16 +431,14 @@ impl EagleProposer {
                 fresh.clear();
                 let v = self.head.vocab;
                 top_k_log_probs(&self.logits[r * v..(r + 1) * v], k, &mut self.order, &mut fresh);
-                // A head with fewer than `k` draft tokens repeats its best one.
-                for j in 0..k {
-                    let (t, lp) = fresh.get(j).or(fresh.first()).copied().unwrap_or((0, 0.0));
-                    candidates.push((self.head.d2t[t as usize], lp));
-                }
+                fresh.iter_mut().for_each(|c| c.0 = self.head.d2t[c.0 as usize]);
+                candidates.extend((0..k).map(|j| padded(&fresh, j)));
             }
         }
         Ok(())
     }
 
+    /// The target's feature the root's draft reads (of the token before the root), if the context has one.
     fn root_feature<'c>(context: &DraftContext<'c>) -> Option<&'c [f32]> {
         context.tokens.len().checked_sub(2).and_then(|i| context.feature(i))
     }
@@ -495,7 +499,7 @@ impl EagleProposer {
                     b.0 = head.d2t[b.0 as usize];
                 }
                 for j in 0..k {
-                    pool_candidates[v * k + j] = best.get(j).or(best.first()).copied().unwrap_or((0, 0.0));
+                    pool_candidates[v * k + j] = padded(&best, j);
                 }
                 children.push(best.iter().take(config.top_k).copied().collect());
             }
