@@ -311,7 +311,8 @@ impl<'m> MergedDecoder<'m> {
             tokens: &self.tokens,
             features: &self.features,
             feature_width: self.model.config.n_embd,
-            stable_prefix: self.tokens.len(),
+            // The EAGLE head reads only the last feature row: it keeps no cache that a stable prefix would save.
+            stable_prefix: 0,
         };
         let drafted = self.proposer.propose_with_candidates(&context, &mut self.tree, CANDIDATES, &mut self.candidates);
         self.proposer.tree = saved;
