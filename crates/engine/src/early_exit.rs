@@ -8,7 +8,7 @@
 use crate::error::EngineError;
 use crate::perplexity::{log_prob, text_chunks};
 use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
-use crate::speculative::{emit_tree_steps, shipped_path};
+use crate::speculative::{shipped_path, tree_capacity};
 use decode::sampling::argmax;
 use decode::specee::{ExitPredictors, MergedDecoder, MergedStats, SpecEeConfig, SpecEeDecoder, SpecEeStats};
 use decode::speculative::{DraftHead, EagleProposer, TreeConfig};
@@ -123,20 +123,14 @@ impl Engine {
         ctx: usize,
         threads: usize,
         setup: &SpecEeSetup,
-        mut on_text: impl FnMut(&str) -> bool,
+        on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Generation, MergedStats), EngineError> {
         greedy_only(params, "specee-eagle")?;
         check_prompt(prompt_ids, ctx)?;
-        let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
+        let capacity = tree_capacity(prompt_ids, params, ctx);
         let mut dec = setup.merged_decoder(self, capacity, threads);
-        let mut out = Emitter::new(self, params, prompt_ids.len());
-        let t0 = Instant::now();
-        dec.feed(prompt_ids).map_err(specee_error)?;
-        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        emit_tree_steps(&mut dec, &mut out, capacity, &mut on_text)?;
-        let stats = *dec.stats();
-        Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
+        let g = self.generate_tree(&mut dec, prompt_ids, params, capacity, on_text)?;
+        Ok((g, *dec.stats()))
     }
 }
 

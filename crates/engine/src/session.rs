@@ -186,11 +186,6 @@ impl<'e> Emitter<'e> {
         }
     }
 
-    /// Tokens to generate at most.
-    pub(crate) fn max_tokens(&self) -> usize {
-        self.params.max_tokens
-    }
-
     /// Takes the next token; returns `false` when generation must end (end of generation, a stop string,
     /// or `on_text` asking to stop), with [`Emitter::finish`] set accordingly.
     pub(crate) fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str) -> bool) -> bool {

@@ -169,26 +169,54 @@ impl Engine {
         ctx: usize,
         threads: usize,
         proposer: AnyProposer,
-        mut on_text: impl FnMut(&str) -> bool,
+        on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Generation, SpeculativeStats), EngineError> {
         check_prompt(prompt_ids, ctx)?;
-        // Room for a whole draft tree past the last token.
-        let capacity = (prompt_ids.len() + params.max_tokens + 64).min(ctx);
+        let capacity = tree_capacity(prompt_ids, params, ctx);
         let mut dec = SpeculativeDecoder::new(&self.model, capacity, threads, proposer, params.sampling.clone());
+        let g = self.generate_tree(&mut dec, prompt_ids, params, capacity, on_text)?;
+        Ok((g, *dec.stats()))
+    }
+
+    /// The generation loop of every tree mode: feeds the prompt (its last token becomes the first step's root, so
+    /// the first verification yields token 1), then steps `dec` until the emitter is done or the cache is full.
+    pub(crate) fn generate_tree(
+        &self,
+        dec: &mut impl TreeSteps,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        capacity: usize,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
         let mut out = Emitter::new(self, params, prompt_ids.len());
         let t0 = Instant::now();
-        // The last prompt token is the first step's root: the first step's verification yields token 1.
         dec.feed(prompt_ids).map_err(speculative_error)?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        emit_tree_steps(&mut dec, &mut out, capacity, &mut on_text)?;
-        let stats = *dec.stats();
-        Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
+        'outer: while out.generated.len() < params.max_tokens {
+            if dec.committed() + 1 >= capacity {
+                break;
+            }
+            for &next in dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)? {
+                if !out.push(next, &mut on_text) {
+                    break 'outer;
+                }
+            }
+        }
+        Ok(out.finish(prompt_ids, t1, &mut on_text))
     }
+}
+
+/// Cache capacity of a tree mode: the prompt, the tokens to generate and room for a whole draft tree past the
+/// last one, within the context.
+pub(crate) fn tree_capacity(prompt_ids: &[u32], params: &GenerateParams, ctx: usize) -> usize {
+    (prompt_ids.len() + params.max_tokens + 64).min(ctx)
 }
 
 /// A decoder that commits one or more tokens per step (tree speculative decoding, with or without early exit).
 pub(crate) trait TreeSteps {
+    /// Appends tokens to the committed context.
+    fn feed(&mut self, tokens: &[u32]) -> Result<(), decode::speculative::SpeculativeError>;
     /// Committed tokens so far.
     fn committed(&self) -> usize;
     /// One step committing at most `max_tokens` tokens.
@@ -196,6 +224,9 @@ pub(crate) trait TreeSteps {
 }
 
 impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
+    fn feed(&mut self, tokens: &[u32]) -> Result<(), decode::speculative::SpeculativeError> {
+        SpeculativeDecoder::feed(self, tokens)
+    }
     fn committed(&self) -> usize {
         self.tokens().len()
     }
@@ -205,33 +236,15 @@ impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
 }
 
 impl TreeSteps for decode::specee::MergedDecoder<'_> {
+    fn feed(&mut self, tokens: &[u32]) -> Result<(), decode::speculative::SpeculativeError> {
+        decode::specee::MergedDecoder::feed(self, tokens)
+    }
     fn committed(&self) -> usize {
         self.tokens().len()
     }
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
         decode::specee::MergedDecoder::step_at_most(self, max_tokens)
     }
-}
-
-/// Steps `dec` until the emitter has all its tokens, stops, or the cache (`capacity`) is full, handing every
-/// committed token to the emitter (which applies the stop rules and streams the text).
-pub(crate) fn emit_tree_steps(
-    dec: &mut impl TreeSteps,
-    out: &mut Emitter<'_>,
-    capacity: usize,
-    on_text: &mut impl FnMut(&str) -> bool,
-) -> Result<(), EngineError> {
-    while out.generated.len() < out.max_tokens() {
-        if dec.committed() + 1 >= capacity {
-            break;
-        }
-        for &next in dec.step_at_most(out.max_tokens() - out.generated.len()).map_err(speculative_error)? {
-            if !out.push(next, on_text) {
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A decoding error as an engine error (model errors keep their type).
