@@ -14,6 +14,8 @@ are split the same way.
 
 Usage: python3 scripts/draft_data.py OUT_DIR [--max-man N] [--max-pydoc N]
 Writes OUT_DIR/train.jsonl and OUT_DIR/heldout.jsonl and prints counts.
+       python3 scripts/draft_data.py OUT_DIR --extra N
+Adds a disjoint second set (OUT_DIR/extra-train.jsonl, extra-heldout.jsonl; see `extra`).
 """
 
 import argparse
@@ -90,6 +92,91 @@ GENERAL = [
     "Explain big-O notation with examples.",
 ]
 
+# A second set of hand-written prompts (keys `general2/N`, split like the first), added for the larger
+# session-6 training set (`--extra`).
+GENERAL2 = [
+    "What is the difference between a noun and a verb? Give examples.",
+    "Write a short speech for a friend's wedding.",
+    "How do solar panels turn sunlight into electricity?",
+    "Explain the rules of chess in a few sentences.",
+    "What is the difference between weather forecasts and climate models?",
+    "Write a Python function that checks whether a number is prime.",
+    "How can I save money on groceries?",
+    "Explain what inflation does to savings.",
+    "Describe the city of Paris to someone who has never been there.",
+    "What is a good way to start running as a beginner?",
+    "Write a short fairy tale about a brave mouse.",
+    "Explain how a bicycle gear system works.",
+    "What is the difference between HTTP and HTTPS?",
+    "How do I write a good resume?",
+    "Explain the causes of the First World War briefly.",
+    "What is DNA and what does it do?",
+    "Write a JavaScript function that adds two numbers.",
+    "What are the health benefits of drinking water?",
+    "Explain what a database index is.",
+    "How do I politely decline an invitation?",
+    "What is the difference between mitosis and meiosis?",
+    "Write a poem about a rainy morning in the city.",
+    "How does a credit score work?",
+    "Explain object-oriented programming in simple terms.",
+    "What should I pack for a weekend camping trip?",
+    "Explain how the moon causes tides.",
+    "Write a short product description for a reusable water bottle.",
+    "What is the difference between a compiler and an interpreter?",
+    "How do bees make honey?",
+    "Give me five ideas for a child's birthday party.",
+    "Explain what a function is in mathematics.",
+    "How do I center a div in CSS?",
+    "What is the history of the Olympic Games?",
+    "Explain the difference between stocks and bonds.",
+    "Write a dialogue between a customer and a waiter.",
+    "What is the speed of light and why does it matter?",
+    "How do I make my code easier to read?",
+    "Explain what a linked list is and when to use one.",
+    "What are the symptoms of the common cold?",
+    "Write a Python script that reads a text file and counts its words.",
+    "Explain the difference between a democracy and a monarchy.",
+    "How does a car engine work?",
+    "What is a good routine for a productive morning?",
+    "Explain what an operating system does.",
+    "Write a short review of a movie you like.",
+    "What is gravity?",
+    "How do I learn to cook simple meals?",
+    "Explain the difference between git merge and git rebase.",
+    "What are the main parts of a cell?",
+    "Write a letter to a future version of yourself.",
+    "How do earthquakes happen?",
+    "Explain what a regular expression is, with an example.",
+    "What are some tips for better sleep?",
+    "Describe the life cycle of a butterfly.",
+    "Write a function in C that returns the maximum of an array.",
+    "What is the difference between a lake and a sea?",
+    "How can I become a better listener?",
+    "Explain what encryption is and why it is useful.",
+    "What is the Fibonacci sequence? Write code that prints it.",
+    "Describe the taste of a lemon to someone who has never had one.",
+    "How do I make a budget for my household?",
+    "Explain the difference between speed and velocity.",
+    "Write a short horror story in five sentences.",
+    "What is the role of the heart in the body?",
+    "How does a search engine find web pages?",
+    "Explain what a shell script is and give an example.",
+    "What are the pros and cons of electric cars?",
+    "Write an apology message for missing a meeting.",
+    "How do rainbows form?",
+    "Explain what unit testing is.",
+    "What are the seven continents?",
+    "How do I choose a good password?",
+    "Explain what a prime factorization is, with an example.",
+    "Write a Python class that represents a bank account.",
+    "What is the difference between empathy and sympathy?",
+    "How do volcanoes erupt?",
+    "Explain what cloud computing is.",
+    "Give me three ideas for a science fair project.",
+    "What does a project manager do?",
+    "How do I convert Celsius to Fahrenheit? Show the formula and an example.",
+]
+
 HUMAN_EVAL_TEMPLATES = [
     "Complete the following Python function:\n\n```python\n{p}```",
     "Implement this function in Python and explain your solution briefly:\n\n```python\n{p}```",
@@ -98,6 +185,19 @@ MAN_TEMPLATES = [
     "What does the `{name}` command do? Show a typical example.",
     "How do I use `{name}`? ({desc})",
     "Explain the options of the `{name}` command in simple terms.",
+]
+# More phrasings for the man pages added by `--extra` (so the new prompts are not three sentences repeated).
+MAN_TEMPLATES_EXTRA = [
+    "I have never used `{name}`. What is it for ({desc}), and how do I start?",
+    "Give me two or three example invocations of `{name}` and explain each.",
+    "What is `{name}` on Linux? Answer briefly.",
+    "Write a short tutorial on the `{name}` command.",
+]
+# Function-level prompts for `--extra` (modules of the training split only).
+PYDOC_FUNCTION_TEMPLATES = [
+    "How do I use `{name}` in Python? Show an example.",
+    "What does `{name}` do in Python?",
+    "Write a short Python example that uses `{name}`.",
 ]
 PYDOC_TEMPLATES = [
     "Explain what the Python module `{name}` is for and show a short example.",
@@ -132,12 +232,17 @@ def human_eval() -> list:
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
 
-def man_pages(limit: int) -> list:
-    """(name, one-line description, rendered text) of up to `limit` section-1 man pages, in name order."""
+def man_pages(limit: int, exclude=frozenset(), spread: bool = False) -> list:
+    """(name, one-line description, rendered text) of up to `limit` section-1 man pages, in name order, or
+    (`spread`) in the order of a stable hash of the name, so a sample covers the whole alphabet. Names in
+    `exclude` are skipped."""
     out = []
-    for path in sorted(glob.glob("/usr/share/man/man1/*.1.gz")):
+    paths = sorted(glob.glob("/usr/share/man/man1/*.1.gz"))
+    if spread:
+        paths.sort(key=lambda p: hashlib.sha256(os.path.basename(p).encode()).digest())
+    for path in paths:
         name = os.path.basename(path)[: -len(".1.gz")]
-        if not name.replace("-", "").replace("_", "").isalnum() or len(name) < 2:
+        if name in exclude or not name.replace("-", "").replace("_", "").isalnum() or len(name) < 2:
             continue
         env = dict(os.environ, MANWIDTH="80", LC_ALL="C.UTF-8")
         try:
@@ -169,13 +274,75 @@ def pydoc(limit: int) -> list:
     return out
 
 
+def pydoc_functions(modules: list, per_module: int) -> list:
+    """(module, dotted name) of up to `per_module` public functions/classes with a docstring per module."""
+    import importlib
+    out = []
+    for module in modules:
+        try:
+            mod = importlib.import_module(module)
+        except Exception:
+            continue
+        names = [n for n in sorted(dir(mod)) if not n.startswith("_") and callable(getattr(mod, n, None))
+                 and isinstance(getattr(getattr(mod, n), "__doc__", None), str)
+                 and getattr(mod, n).__doc__.strip()]
+        # A stable spread over the module's names rather than the alphabetically first ones.
+        names.sort(key=lambda n: hashlib.sha256(f"{module}.{n}".encode()).digest())
+        out.extend((module, f"{module}.{n}") for n in names[:per_module])
+    return out
+
+
+def extra(out_dir: str, n_man: int, text_every: int, per_module: int) -> None:
+    """The session-6 addition: new records only, never an item of the first split (its sources are read from
+    OUT_DIR/train.jsonl and heldout.jsonl), split by the same rule into extra-train/extra-heldout.jsonl."""
+    seen = set()
+    for split in ("train", "heldout"):
+        with open(os.path.join(out_dir, f"{split}.jsonl")) as f:
+            seen.update(json.loads(line)["source"] for line in f if line.strip())
+    train, held = [], []
+
+    def put(key: str, record: dict) -> None:
+        record["source"] = key
+        (held if heldout(key) else train).append(record)
+
+    for i, text in enumerate(GENERAL2):
+        put(f"general2/{i}", chat(text))
+    done = {k.split("/", 1)[1] for k in seen if k.startswith("man/")}
+    for j, (name, desc, text) in enumerate(man_pages(n_man, exclude=done, spread=True)):
+        key = f"man/{name}"
+        put(key, chat(MAN_TEMPLATES_EXTRA[j % len(MAN_TEMPLATES_EXTRA)].format(name=name, desc=desc)))
+        if j % text_every == 0:
+            put(key, {"text": text})
+    # Functions of modules whose module-level prompt is in the training split (a held-out module's functions
+    # would leak its topic into training).
+    modules = [m for m in PYDOC_MODULES if not heldout(f"pydoc/{m}")]
+    for j, (module, name) in enumerate(pydoc_functions(modules, per_module)):
+        record = chat(PYDOC_FUNCTION_TEMPLATES[j % len(PYDOC_FUNCTION_TEMPLATES)].format(name=name))
+        record["source"] = f"pydoc/{module}/{name}"
+        train.append(record)
+    for split, records in (("extra-train", train), ("extra-heldout", held)):
+        with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        n_chat = sum("messages" in r for r in records)
+        print(f"{split}: {n_chat} chat prompts, {len(records) - n_chat} texts")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--max-man", type=int, default=400)
     ap.add_argument("--max-pydoc", type=int, default=len(PYDOC_MODULES))
+    ap.add_argument("--extra", type=int, default=0, metavar="N",
+                    help="write only new records (N more man pages, spread over the alphabet; GENERAL2; "
+                         "function-level pydoc prompts) to OUT/extra-{train,heldout}.jsonl")
+    ap.add_argument("--extra-text-every", type=int, default=2, help="a raw-text record for every K-th new man page")
+    ap.add_argument("--extra-per-module", type=int, default=3, help="function prompts per training module")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.extra:
+        extra(args.out, args.extra, args.extra_text_every, args.extra_per_module)
+        return
     train, held = [], []
 
     def put(key: str, record: dict) -> None:

@@ -119,6 +119,36 @@ impl DraftData {
         self.seq_starts.push(self.tokens.len() as u32);
     }
 
+    /// Appends every sequence of `other` (collected from the same model: same hidden size).
+    pub fn append(&mut self, other: &DraftData) -> Result<(), TrainError> {
+        if other.n_sequences() == 0 {
+            return Ok(());
+        }
+        if self.n_sequences() == 0 {
+            self.d = other.d;
+        } else if self.d != other.d {
+            return Err(TrainError::Invalid(format!(
+                "draft data of hidden size {} cannot be joined with data of hidden size {}",
+                other.d, self.d
+            )));
+        }
+        // Files from before `gen_starts` existed count every position as generated: spell that out so the
+        // joined data keeps one entry per sequence.
+        if self.gen_starts.is_empty() {
+            self.gen_starts = self.seq_starts.iter().take(self.n_sequences()).copied().collect();
+        }
+        let base = self.tokens.len() as u32;
+        if self.seq_starts.is_empty() {
+            self.seq_starts.push(0);
+        }
+        let others_gen = (0..other.n_sequences()).map(|s| other.generated_from(s) as u32);
+        self.gen_starts.extend(others_gen.map(|g| g + base));
+        self.seq_starts.extend(other.seq_starts[1..].iter().map(|&s| s + base));
+        self.tokens.extend_from_slice(&other.tokens);
+        self.features.extend_from_slice(&other.features);
+        Ok(())
+    }
+
     /// Writes the data as safetensors.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
         use safetensors::tensor::TensorView;
@@ -242,6 +272,30 @@ mod tests {
         assert_eq!(row, [2.0, 0.25]);
         back.feature(2, &mut row);
         assert_eq!(row, [0.0, 0.0]);
+    }
+
+    #[test]
+    fn appended_data_equals_data_collected_in_one_go() {
+        let seqs: [(&[u32], &[f32], usize); 3] =
+            [(&[1, 2, 3], &[0.5, -1.0, 2.0, 0.25], 1), (&[7, 8], &[1.5, 3.0], 2), (&[4, 5, 6], &[1.0; 4], 0)];
+        let mut whole = DraftData { d: 2, ..Default::default() };
+        seqs.iter().for_each(|(t, f, p)| whole.push(t, f, *p));
+        let (mut a, mut b) = (DraftData { d: 2, ..Default::default() }, DraftData { d: 2, ..Default::default() });
+        seqs[..1].iter().for_each(|(t, f, p)| a.push(t, f, *p));
+        seqs[1..].iter().for_each(|(t, f, p)| b.push(t, f, *p));
+        let mut joined = DraftData::default();
+        joined.append(&a).unwrap();
+        joined.append(&b).unwrap();
+        assert_eq!(joined, whole);
+        assert_eq!((joined.sequence(2), joined.generated_from(1)), (5..8, 5));
+        // A file from before `gen_starts` existed: all its positions count as generated after the join too.
+        let mut old = a.clone();
+        old.gen_starts.clear();
+        old.append(&b).unwrap();
+        assert_eq!((old.generated_from(0), old.generated_from(1), old.generated_from(2)), (0, 5, 5));
+        let wide =
+            DraftData { d: 3, tokens: vec![1], features: vec![0; 3], seq_starts: vec![0, 1], gen_starts: vec![0] };
+        assert!(matches!(joined.append(&wide), Err(TrainError::Invalid(_))));
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct CollectArgs {
     /// Tokens kept of each prompt or text.
     #[arg(long, default_value_t = 384)]
     pub max_input: usize,
-    /// Use only the first N records (0: all).
+    /// Use only the first N records (of each record file; 0: all).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
 }

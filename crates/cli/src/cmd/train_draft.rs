@@ -1,9 +1,11 @@
-//! `specee train-draft -m PATH --data TRAIN.jsonl --heldout HELDOUT.jsonl --out HEAD.safetensors`: trains an
-//! EAGLE-style draft head for a model (see `train` and `decode::speculative::eagle`).
+//! `specee train-draft -m PATH --data TRAIN.jsonl [--data MORE.jsonl ...] --heldout HELDOUT.jsonl --out
+//! HEAD.safetensors`: trains an EAGLE-style draft head for a model (see `train` and
+//! `decode::speculative::eagle`).
 //!
 //! First it collects the training data by running the model over the records (its own greedy answers to the
-//! chat prompts, its reading of the texts), cached beside the output as `HEAD.train-data.safetensors` and
-//! `HEAD.heldout-data.safetensors` (reused on a rerun); then it trains, printing loss and held-out acceptance per
+//! chat prompts, its reading of the texts), cached beside the output per record file as
+//! `HEAD.train-data.<file stem>.safetensors` and `HEAD.heldout-data.safetensors` (reused on a rerun, so adding a
+//! record file later collects only the new one); then it trains on all of them joined, printing loss and held-out acceptance per
 //! epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a rerun resumes. `scripts/draft_data.py`
 //! writes the record files.
 
@@ -18,9 +20,9 @@ use train::TrainOptions;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Training records (JSON lines: {"messages": [...]} or {"text": "..."}).
-    #[arg(long)]
-    pub data: PathBuf,
+    /// Training records (JSON lines: {"messages": [...]} or {"text": "..."}); repeat to join several files.
+    #[arg(long, required = true)]
+    pub data: Vec<PathBuf>,
     /// Held-out records (acceptance is measured on them after every epoch; never trained on).
     #[arg(long)]
     pub heldout: PathBuf,
@@ -39,6 +41,9 @@ pub struct Args {
     pub batch: usize,
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
+    /// Learning rate at the end of training, as a fraction of --lr (cosine decay over all epochs; 1: constant).
+    #[arg(long, default_value_t = 0.1)]
+    pub lr_end: f64,
     /// Draft steps unrolled per training sample (the later ones feed on the head's own predicted features).
     #[arg(long, default_value_t = 2)]
     pub steps: usize,
@@ -88,10 +93,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.vocab == 0 || a.ff == 0 || a.batch == 0 || a.steps == 0 {
         anyhow::bail!("--vocab, --ff, --batch and --steps must be at least 1");
     }
+    if !(a.lr > 0.0 && (0.0..=1.0).contains(&a.lr_end)) {
+        anyhow::bail!("--lr must be positive and --lr-end between 0 and 1 (a fraction of --lr)");
+    }
     let engine = a.model.load()?;
     let opts = a.collect.options(a.model.threads());
-    let train_data =
-        collect_cached(&engine, &a.data, &sibling(&a.out, "train-data.safetensors"), opts, a.collect.limit)?;
+    let mut train_data = DraftData::default();
+    for path in &a.data {
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let cache = sibling(&a.out, &format!("train-data.{stem}.safetensors"));
+        train_data.append(&collect_cached(&engine, path, &cache, opts, a.collect.limit)?)?;
+    }
     let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data.safetensors"), opts, 0)?;
     let topts = TrainOptions {
         vocab: a.vocab,
@@ -99,6 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         epochs: a.epochs,
         batch: a.batch,
         lr: a.lr,
+        lr_end: a.lr_end,
         steps: a.steps,
         reg_weight: a.reg_weight,
         seed: a.seed,
@@ -109,7 +122,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let base = a.model.model.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
     let metadata = HashMap::from([
         ("base_model".to_string(), base.unwrap_or_else(|| engine::fetch::DefaultModel::SmolLM2.file_name().into())),
-        ("train_data".to_string(), a.data.display().to_string()),
+        ("train_data".to_string(), a.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
         ("train_tokens".to_string(), train_data.tokens.len().to_string()),
         ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
     ]);
