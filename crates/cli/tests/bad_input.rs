@@ -188,3 +188,17 @@ fn specee_mode_refuses_sampling_missing_predictors_and_lossless_eval() {
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("missing, propagate or deferred"), "{}", common::stderr(&o));
 }
+
+#[test]
+fn train_draft_refuses_bad_learning_rates_and_a_missing_record_file() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let out = tmp("bad.draft.safetensors");
+    let out = out.to_str().unwrap();
+    let base =
+        ["train-draft", "-m", m, "--data", "/nonexistent.jsonl", "--heldout", "/nonexistent.jsonl", "--out", out];
+    let with = |extra: &[&'static str]| base.iter().chain(extra).copied().collect::<Vec<&str>>();
+    assert_clean_error(&with(&["--lr-end", "2"]), "--lr-end between 0 and 1");
+    assert_clean_error(&with(&["--lr", "0"]), "--lr must be positive");
+    assert_clean_error(&with(&["--epochs", "0"]), "/nonexistent.jsonl");
+}

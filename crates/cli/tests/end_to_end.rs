@@ -253,3 +253,51 @@ fn published_eagle3_checkpoint_is_lossless_through_the_cli() {
     assert!(stderr(&o).contains("published EAGLE checkpoint"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `train-draft` with two record files: `--epochs 0` collects each into its own cache (named by the file) and
+/// trains nothing; a rerun reuses all three caches and writes a head that `--mode eagle` runs losslessly.
+#[test]
+fn train_draft_joins_record_files_and_collects_each_once() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("specee-train-draft-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let a = write("texts.jsonl", "{\"text\": \"The quick brown fox jumps over the lazy dog, again and again.\"}\n");
+    let b = write("chats.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"Name three colors.\"}]}\n");
+    let held = write("held.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"Name two animals.\"}]}\n");
+    let out = dir.join("h.safetensors");
+    let out_s = out.to_str().unwrap();
+    let args = |epochs: &'static str| {
+        let v = ["train-draft", "-m", m, "--data", &a, "--data", &b, "--heldout", &held, "--out", out_s, "-t", "2"];
+        let extra = ["--max-new", "12", "--vocab", "64", "--ff", "64", "--batch", "8", "--epochs", epochs];
+        v.iter().chain(&extra).map(|s| s.to_string()).collect::<Vec<String>>()
+    };
+    let run =
+        |args: Vec<String>| specee(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>(), Duration::from_secs(300));
+    let o = run(args("0"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    for cache in ["h.train-data.texts.safetensors", "h.train-data.chats.safetensors", "h.heldout-data.safetensors"] {
+        assert!(dir.join(cache).exists(), "{cache} missing; stderr: {}", stderr(&o));
+    }
+    assert!(!out.exists(), "--epochs 0 wrote a head");
+    let o = run(args("1"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("using collected data").count(), 3, "{}", stderr(&o));
+    assert!(!stderr(&o).contains("collected 1 sequences"), "recollected: {}", stderr(&o));
+    let gen = ["generate", "-m", m, "--chat", "-p", "Name three colors.", "-n", "16", "-t", "2", "--json"];
+    let dense = specee(&gen, Duration::from_secs(120));
+    let eagle = specee(
+        &gen.iter().chain(&["--mode", "eagle", "--draft", out_s]).copied().collect::<Vec<_>>(),
+        Duration::from_secs(120),
+    );
+    assert!(eagle.status.success(), "{}", stderr(&eagle));
+    let gen_ids =
+        |o: &std::process::Output| ids(&serde_json::from_str::<Value>(stdout(o).trim()).unwrap()["generated_ids"]);
+    assert_eq!(gen_ids(&eagle), gen_ids(&dense));
+    std::fs::remove_dir_all(&dir).ok();
+}

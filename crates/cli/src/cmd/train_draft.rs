@@ -5,9 +5,9 @@
 //! First it collects the training data by running the model over the records (its own greedy answers to the
 //! chat prompts, its reading of the texts), cached beside the output per record file as
 //! `HEAD.train-data.<file stem>.safetensors` and `HEAD.heldout-data.safetensors` (reused on a rerun, so adding a
-//! record file later collects only the new one); then it trains on all of them joined, printing loss and held-out acceptance per
-//! epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a rerun resumes. `scripts/draft_data.py`
-//! writes the record files.
+//! record file later collects only the new one; `--epochs 0` stops there); then it trains on all of them joined,
+//! printing loss and held-out acceptance per epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a
+//! rerun resumes. `scripts/draft_data.py` writes the record files.
 
 use super::{sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
@@ -35,6 +35,7 @@ pub struct Args {
     /// Feed-forward width of the head.
     #[arg(long, default_value_t = 1024)]
     pub ff: usize,
+    /// Epochs to train (0: only collect the data into the caches, e.g. to add a record file now and train later).
     #[arg(long, default_value_t = 4)]
     pub epochs: usize,
     #[arg(long, default_value_t = 128)]
@@ -105,6 +106,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         train_data.append(&collect_cached(&engine, path, &cache, opts, a.collect.limit)?)?;
     }
     let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data.safetensors"), opts, 0)?;
+    if a.epochs == 0 {
+        eprintln!("--epochs 0: data collected ({} training tokens), no head trained", train_data.tokens.len());
+        return Ok(());
+    }
     let topts = TrainOptions {
         vocab: a.vocab,
         ff: a.ff,
