@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -320,6 +321,8 @@ def extra(out_dir: str, n_man: int, text_every: int, per_module: int) -> None:
         record = chat(PYDOC_FUNCTION_TEMPLATES[j % len(PYDOC_FUNCTION_TEMPLATES)].format(name=name))
         record["source"] = f"pydoc/{module}/{name}"
         train.append(record)
+    # Shuffled (fixed seed) so that `train-draft --limit N` takes a sample of every source.
+    random.Random(6).shuffle(train)
     for split, records in (("extra-train", train), ("extra-heldout", held)):
         with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as f:
             for r in records:
