@@ -275,6 +275,26 @@ def pydoc(limit: int) -> list:
     return out
 
 
+class Splits:
+    """Records split by the stable hash of their source item (`heldout`): an item is on one side only."""
+
+    def __init__(self) -> None:
+        self.train, self.held = [], []
+
+    def put(self, key: str, record: dict) -> None:
+        record["source"] = key
+        (self.held if heldout(key) else self.train).append(record)
+
+    def write(self, out_dir: str, prefix: str = "") -> None:
+        """OUT_DIR/{prefix}train.jsonl and {prefix}heldout.jsonl, with counts printed."""
+        for split, records in ((f"{prefix}train", self.train), (f"{prefix}heldout", self.held)):
+            with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as f:
+                for r in records:
+                    f.write(json.dumps(r) + "\n")
+            n_chat = sum("messages" in r for r in records)
+            print(f"{split}: {n_chat} chat prompts, {len(records) - n_chat} texts")
+
+
 def pydoc_functions(modules: list, per_module: int) -> list:
     """(module, dotted name) of up to `per_module` public functions/classes with a docstring per module."""
     import importlib
@@ -300,35 +320,25 @@ def extra(out_dir: str, n_man: int, text_every: int, per_module: int) -> None:
     for split in ("train", "heldout"):
         with open(os.path.join(out_dir, f"{split}.jsonl")) as f:
             seen.update(json.loads(line)["source"] for line in f if line.strip())
-    train, held = [], []
-
-    def put(key: str, record: dict) -> None:
-        record["source"] = key
-        (held if heldout(key) else train).append(record)
-
+    splits = Splits()
     for i, text in enumerate(GENERAL2):
-        put(f"general2/{i}", chat(text))
+        splits.put(f"general2/{i}", chat(text))
     done = {k.split("/", 1)[1] for k in seen if k.startswith("man/")}
     for j, (name, desc, text) in enumerate(man_pages(n_man, exclude=done, spread=True)):
         key = f"man/{name}"
-        put(key, chat(MAN_TEMPLATES_EXTRA[j % len(MAN_TEMPLATES_EXTRA)].format(name=name, desc=desc)))
+        splits.put(key, chat(MAN_TEMPLATES_EXTRA[j % len(MAN_TEMPLATES_EXTRA)].format(name=name, desc=desc)))
         if j % text_every == 0:
-            put(key, {"text": text})
+            splits.put(key, {"text": text})
     # Functions of modules whose module-level prompt is in the training split (a held-out module's functions
     # would leak its topic into training).
     modules = [m for m in PYDOC_MODULES if not heldout(f"pydoc/{m}")]
     for j, (module, name) in enumerate(pydoc_functions(modules, per_module)):
         record = chat(PYDOC_FUNCTION_TEMPLATES[j % len(PYDOC_FUNCTION_TEMPLATES)].format(name=name))
         record["source"] = f"pydoc/{module}/{name}"
-        train.append(record)
+        splits.train.append(record)
     # Shuffled (fixed seed) so that `train-draft --limit N` takes a sample of every source.
-    random.Random(6).shuffle(train)
-    for split, records in (("extra-train", train), ("extra-heldout", held)):
-        with open(os.path.join(out_dir, f"{split}.jsonl"), "w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
-        n_chat = sum("messages" in r for r in records)
-        print(f"{split}: {n_chat} chat prompts, {len(records) - n_chat} texts")
+    random.Random(6).shuffle(splits.train)
+    splits.write(out_dir, "extra-")
 
 
 def main() -> None:
@@ -346,11 +356,8 @@ def main() -> None:
     if args.extra:
         extra(args.out, args.extra, args.extra_text_every, args.extra_per_module)
         return
-    train, held = [], []
-
-    def put(key: str, record: dict) -> None:
-        record["source"] = key
-        (held if heldout(key) else train).append(record)
+    splits = Splits()
+    put = splits.put
 
     for i, text in enumerate(GENERAL):
         put(f"general/{i}", chat(text))
@@ -366,13 +373,7 @@ def main() -> None:
         key = f"pydoc/{name}"
         put(key, chat(PYDOC_TEMPLATES[j % len(PYDOC_TEMPLATES)].format(name=name)))
         put(key, {"text": text})
-
-    for split, records in (("train", train), ("heldout", held)):
-        with open(os.path.join(args.out, f"{split}.jsonl"), "w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
-        n_chat = sum("messages" in r for r in records)
-        print(f"{split}: {n_chat} chat prompts, {len(records) - n_chat} texts")
+    splits.write(args.out)
 
 
 if __name__ == "__main__":
