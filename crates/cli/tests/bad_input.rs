@@ -201,4 +201,5 @@ fn train_draft_refuses_bad_learning_rates_and_a_missing_record_file() {
     assert_clean_error(&with(&["--lr-end", "2"]), "--lr-end between 0 and 1");
     assert_clean_error(&with(&["--lr", "0"]), "--lr must be positive");
     assert_clean_error(&with(&["--epochs", "0"]), "/nonexistent.jsonl");
+    assert_clean_error(&with(&["--data", "/elsewhere/nonexistent.jsonl"]), "two --data files are named");
 }

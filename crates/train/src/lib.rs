@@ -7,8 +7,8 @@
 //! - [`train_draft`]: the training loop — reduced draft vocabulary (the N most frequent tokens of the
 //!   training data), a loss on the draft's token choice (cross-entropy against the next token) plus a
 //!   smooth-L1 loss on its predicted feature, unrolled over `steps` draft steps that feed on their own
-//!   predicted features as the tree does at inference; AdamW with a cosine learning-rate decay; held-out acceptance printed per epoch; a
-//!   checkpoint after every epoch, from which a rerun resumes.
+//!   predicted features as the tree does at inference; AdamW with a cosine learning-rate decay; held-out
+//!   acceptance printed per epoch; a checkpoint after every epoch, from which a rerun resumes.
 //! - [`exit`]: SpecEE's per-layer exit predictors — traced full-depth decoding, one small MLP per layer, the
 //!   offline schedule and thresholds, and a plot of where tokens exit.
 
@@ -56,7 +56,7 @@ pub struct TrainOptions {
     pub batch: usize,
     pub lr: f64,
     /// Learning rate at the end of training as a fraction of `lr` (cosine decay over all batches of all
-    /// epochs; 1 keeps it constant).
+    /// epochs; 1 keeps it constant). A run resumed with another `epochs` continues on the new schedule.
     pub lr_end: f64,
     /// Draft steps unrolled per sample (1 = teacher-forced only).
     pub steps: usize,

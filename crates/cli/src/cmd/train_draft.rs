@@ -97,6 +97,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.lr > 0.0 && (0.0..=1.0).contains(&a.lr_end)) {
         anyhow::bail!("--lr must be positive and --lr-end between 0 and 1 (a fraction of --lr)");
     }
+    // Caches are named by file stem: two record files of one name would share (and corrupt) one cache.
+    let stems: Vec<_> = a.data.iter().map(|p| p.file_stem().unwrap_or_default()).collect();
+    if let Some(i) = (1..stems.len()).find(|&i| stems[..i].contains(&stems[i])) {
+        anyhow::bail!("two --data files are named {:?}: rename one (their caches are named by file name)", stems[i]);
+    }
     let engine = a.model.load()?;
     let opts = a.collect.options(a.model.threads());
     let mut train_data = DraftData::default();
