@@ -441,6 +441,7 @@ pub fn progress_bar(show: bool, len: u64, prefix: &str) -> indicatif::ProgressBa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use decode::sampling::argmax;
     use decode::speculative::eagle::DraftScratch;
     use decode::speculative::DraftHead;
 
@@ -530,7 +531,6 @@ mod tests {
             .logits
             .to_vec2::<f32>()
             .unwrap();
-        let argmax = |row: &[f32]| (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
         let n = head.vocab;
         let same = (0..tokens.len()).filter(|&r| argmax(&logits[r * n..(r + 1) * n]) == argmax(&want[r])).count();
         assert!(same * 20 >= tokens.len() * 19, "{same} of {} rows agree", tokens.len());

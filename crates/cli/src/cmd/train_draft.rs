@@ -97,18 +97,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.lr > 0.0 && (0.0..=1.0).contains(&a.lr_end)) {
         anyhow::bail!("--lr must be positive and --lr-end between 0 and 1 (a fraction of --lr)");
     }
-    // Caches are named by file stem: two record files of one name would share (and corrupt) one cache.
-    let stems: Vec<_> = a.data.iter().map(|p| p.file_stem().unwrap_or_default()).collect();
-    if let Some(i) = (1..stems.len()).find(|&i| stems[..i].contains(&stems[i])) {
-        anyhow::bail!("two --data files are named {:?}: rename one (their caches are named by file name)", stems[i]);
+    // One cache per record file, named by its stem: two record files of one name would share (and corrupt) one.
+    let caches: Vec<PathBuf> = a
+        .data
+        .iter()
+        .map(|p| {
+            sibling(&a.out, &format!("train-data.{}.safetensors", p.file_stem().unwrap_or_default().to_string_lossy()))
+        })
+        .collect();
+    if let Some(i) = (1..caches.len()).find(|&i| caches[..i].contains(&caches[i])) {
+        anyhow::bail!(
+            "two --data files are named {:?}: rename one (their caches are named by file name)",
+            a.data[i].file_stem().unwrap_or_default()
+        );
     }
     let engine = a.model.load()?;
     let opts = a.collect.options(a.model.threads());
     let mut train_data = DraftData::default();
-    for path in &a.data {
-        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let cache = sibling(&a.out, &format!("train-data.{stem}.safetensors"));
-        train_data.append(&collect_cached(&engine, path, &cache, opts, a.collect.limit)?)?;
+    for (path, cache) in a.data.iter().zip(&caches) {
+        train_data.append(&collect_cached(&engine, path, cache, opts, a.collect.limit)?)?;
     }
     let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data.safetensors"), opts, 0)?;
     if a.epochs == 0 {
