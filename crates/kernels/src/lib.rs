@@ -32,7 +32,7 @@ pub mod repack;
 
 pub use dequant::dequantize_row;
 pub use gguf::GgmlType;
-pub use matmul::{matmul, matmul_many, matmul_rows, matmul_rows_grouped, MatmulScratch, QMatrix};
+pub use matmul::{matmul, matmul_many, matmul_rows, matmul_rows_grouped, Layout, MatmulScratch, QMatrix};
 pub use pool::{parallel_for, ThreadPool};
 pub use quantize::quantize_q8_0_weights;
 

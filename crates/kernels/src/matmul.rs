@@ -8,7 +8,7 @@
 //! thread walks its chunk in pieces of [`ROW_CHUNK`] rows and, per piece, calls the row kernel
 //! on tiles of up to [`TILE`] activation rows, so each weight block is loaded once per tile.
 
-use crate::kernel::{row_kernel, Isa, TILE};
+use crate::kernel::{kernel_for, row_kernel, Isa, Kernel, TILE};
 use crate::pool::{split_range, ThreadPool};
 use crate::quantize::{act_kind, ActBuffers};
 use crate::{is_supported, KernelError};
@@ -21,7 +21,19 @@ const CHUNKS_PER_THREAD: usize = 8;
 /// Below this many weight bytes × activation tiles the product runs on the calling thread only.
 const SERIAL_BYTES: usize = 24 * 1024;
 
-/// A row-major weight matrix in a ggml type: `rows` rows of `cols` elements (GGUF dims `[cols, rows]`).
+/// How the blocks of a [`QMatrix`] are ordered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// ggml's layout: row after row, each a run of blocks (as in GGUF files).
+    #[default]
+    Rows,
+    /// Groups of 8 rows interleaved block by block ([`crate::repack::q4_1_to_x8`]; Q4_1 only): faster
+    /// products, but single rows cannot be picked out ([`matmul_rows`], [`QMatrix::row`]).
+    Interleaved8,
+}
+
+/// A weight matrix in a ggml type: `rows` rows of `cols` elements (GGUF dims `[cols, rows]`), row-major or
+/// interleaved ([`Layout`]).
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
     /// Element type.
@@ -32,6 +44,8 @@ pub struct QMatrix<'a> {
     pub rows: usize,
     /// Elements per row (input features).
     pub cols: usize,
+    /// Block order.
+    pub layout: Layout,
 }
 
 impl<'a> QMatrix<'a> {
@@ -49,7 +63,21 @@ impl<'a> QMatrix<'a> {
         if expected != Some(data.len()) {
             return Err(bad("data length is not rows * row_bytes"));
         }
-        Ok(QMatrix { ty, data, rows, cols })
+        Ok(QMatrix { ty, data, rows, cols, layout: Layout::Rows })
+    }
+
+    /// A matrix reordered by [`crate::repack::q4_1_to_x8`]: as [`QMatrix::new`], and `ty` must be Q4_1 and
+    /// `rows` a multiple of 8.
+    pub fn interleaved8(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
+        let m = QMatrix::new(ty, data, rows, cols)?;
+        if ty != GgmlType::Q4_1 {
+            return Err(KernelError::UnsupportedType(ty.name()));
+        }
+        if rows % 8 != 0 {
+            let reason = "interleaved rows are not a multiple of 8";
+            return Err(KernelError::BadShape { ty: ty.name(), rows, cols, data_len: data.len(), reason });
+        }
+        Ok(QMatrix { layout: Layout::Interleaved8, ..m })
     }
 
     /// Bytes per row.
@@ -58,7 +86,11 @@ impl<'a> QMatrix<'a> {
     }
 
     /// The bytes of row `r`.
+    ///
+    /// # Panics
+    /// If the matrix is interleaved (its rows are not contiguous).
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert_eq!(self.layout, Layout::Rows, "QMatrix::row of an interleaved matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
@@ -110,7 +142,7 @@ pub(crate) fn matmul_isa(
     if n_tokens == 0 || rows == 0 {
         return;
     }
-    let (Some(kind), Some(kernel)) = (act_kind(w.ty), row_kernel(isa, w.ty)) else {
+    let (Some(kind), Some(kernel)) = (act_kind(w.ty), kernel_for(isa, w.ty, w.layout)) else {
         panic!("matmul: unsupported type {} (QMatrix::new rejects it)", w.ty.name());
     };
     scratch.acts.reserve(kind, n_tokens, cols);
@@ -139,7 +171,7 @@ pub(crate) fn matmul_isa(
 /// # Safety
 /// `out` must point at `n_tokens * w.rows` writable floats that no other thread writes at these rows.
 unsafe fn rows_work(
-    kernel: crate::kernel::RowKernel,
+    kernel: Kernel,
     w: &QMatrix,
     acts: &crate::quantize::Acts,
     n_tokens: usize,
@@ -155,15 +187,31 @@ unsafe fn rows_work(
         let mut t0 = 0;
         while t0 < n_tokens {
             let nt = (n_tokens - t0).min(TILE);
-            let buf = &mut tile[..(r1 - r0) * nt];
-            kernel(wr, rb, acts, t0, nt, buf);
             let nr = r1 - r0;
-            for j in 0..nt {
-                // SAFETY: rows r0..r1 < rows and t0 + j < n_tokens (caller's contract); buf holds nr * nt.
-                unsafe {
-                    let dst = out_ptr.0.add((t0 + j) * rows + r0);
-                    for i in 0..nr {
-                        *dst.add(i) = *buf.get_unchecked(i * nt + j);
+            let buf = &mut tile[..nr * nt];
+            match kernel {
+                Kernel::Rows(kernel) => {
+                    kernel(wr, rb, acts, t0, nt, buf);
+                    for j in 0..nt {
+                        // SAFETY: rows r0..r1 < rows and t0 + j < n_tokens (caller's contract); buf holds
+                        // nr * nt.
+                        unsafe {
+                            let dst = out_ptr.0.add((t0 + j) * rows + r0);
+                            for i in 0..nr {
+                                *dst.add(i) = *buf.get_unchecked(i * nt + j);
+                            }
+                        }
+                    }
+                }
+                Kernel::Groups8(kernel) => {
+                    // Token-major tile: each token's nr results are contiguous, as in `out`.
+                    kernel(wr, w.cols, acts, t0, nt, buf, nr);
+                    for j in 0..nt {
+                        // SAFETY: as above.
+                        unsafe {
+                            let dst = out_ptr.0.add((t0 + j) * rows + r0);
+                            std::ptr::copy_nonoverlapping(buf.as_ptr().add(j * nr), dst, nr);
+                        }
                     }
                 }
             }
@@ -203,8 +251,11 @@ pub(crate) fn matmul_many_isa(
     scratch: &mut MatmulScratch,
 ) {
     let Some(first) = mats.first().map(|(w, _)| **w) else { return };
-    let (ty, cols) = (first.ty, first.cols);
-    if mats.len() == 1 || mats.len() > MANY_MAX || mats.iter().any(|(w, _)| w.ty != ty || w.cols != cols) {
+    let (ty, cols, layout) = (first.ty, first.cols, first.layout);
+    if mats.len() == 1
+        || mats.len() > MANY_MAX
+        || mats.iter().any(|(w, _)| w.ty != ty || w.cols != cols || w.layout != layout)
+    {
         for (w, out) in mats.iter_mut() {
             matmul_isa(isa, pool, w, x, n_tokens, out, scratch);
         }
@@ -222,7 +273,7 @@ pub(crate) fn matmul_many_isa(
     if n_tokens == 0 {
         return;
     }
-    let (Some(kind), Some(kernel)) = (act_kind(ty), row_kernel(isa, ty)) else {
+    let (Some(kind), Some(kernel)) = (act_kind(ty), kernel_for(isa, ty, layout)) else {
         panic!("matmul_many: unsupported type {} (QMatrix::new rejects it)", ty.name());
     };
     scratch.acts.reserve(kind, n_tokens, cols);
@@ -313,6 +364,7 @@ pub(crate) fn matmul_rows_isa(
     let n_x = row_ids.len().div_ceil(per_row).max(1);
     assert!(x.len() >= n_x * cols, "matmul_rows: x has {} elements, need {}", x.len(), n_x * cols);
     assert!(out.len() >= row_ids.len(), "matmul_rows: out has {} elements for {} ids", out.len(), row_ids.len());
+    assert_eq!(w.layout, Layout::Rows, "matmul_rows: an interleaved matrix has no contiguous rows");
     if let Some(&bad) = row_ids.iter().find(|&&id| id as usize >= w.rows) {
         panic!("matmul_rows: row id {bad} out of range (matrix has {} rows)", w.rows);
     }

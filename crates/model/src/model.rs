@@ -86,9 +86,9 @@ impl Model {
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
         let config = arch::config_from_gguf(&file)?;
         let mut weights = arch::load_weights(&file, &config)?;
-        // Layer matrices in a type with slow kernels become an exactly equal faster type (Q5_0 → Q8_0);
-        // `SPECEE_REPACK=0` keeps the file's types (to measure the difference). The embeddings and the
-        // head stay as stored.
+        // Layer matrices in a type or layout with slow kernels become an exactly equal faster one (Q5_0 →
+        // Q8_0, Q4_1 → 8 interleaved rows); `SPECEE_REPACK=0` keeps the file's (to measure the difference).
+        // The embeddings and the head stay as stored (single rows are read from them).
         if std::env::var("SPECEE_REPACK").map_or(true, |v| v != "0") {
             for lw in &mut weights.layers {
                 for m in [&mut lw.wq, &mut lw.wk, &mut lw.wv, &mut lw.wo, &mut lw.w_gate, &mut lw.w_up, &mut lw.w_down]
@@ -113,7 +113,7 @@ impl Model {
     }
 
     fn qmatrix<'a>(&'a self, m: &'a Matrix) -> QMatrix<'a> {
-        QMatrix { ty: m.ty, data: self.matrix_bytes(m), rows: m.rows, cols: m.cols }
+        QMatrix { ty: m.ty, data: self.matrix_bytes(m), rows: m.rows, cols: m.cols, layout: m.layout }
     }
 
     /// The bytes of `m` in its type `m.ty` (converted at load, or in the file).

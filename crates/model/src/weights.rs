@@ -12,8 +12,11 @@ pub struct Matrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
-    /// The matrix converted at load into a faster type (see [`Matrix::repack`]); `None`: the file's bytes.
+    /// The matrix converted at load into a faster type or layout (see [`Matrix::repack`]); `None`: the file's
+    /// bytes.
     pub owned: Option<std::sync::Arc<[u8]>>,
+    /// The block order the kernels see (interleaved when repacked).
+    pub layout: kernels::Layout,
 }
 
 impl Matrix {
@@ -22,14 +25,24 @@ impl Matrix {
         self.ty.row_bytes(self.cols).unwrap_or(0)
     }
 
-    /// Converts a Q5_0 matrix into Q8_0 (exact: [`kernels::repack`]), whose kernels are faster; other types
-    /// are left as they are.
+    /// Converts a matrix into an exactly equal form whose kernels are faster ([`kernels::repack`]): Q5_0 into
+    /// Q8_0, Q4_1 with a multiple of 8 rows into groups of 8 interleaved rows; other types are left as they
+    /// are.
     pub fn repack(&mut self, file: &GgufFile) {
-        if self.ty == GgmlType::Q5_0 && self.owned.is_none() {
-            self.owned = Some(kernels::repack::q5_0_to_q8_0(file.tensor_bytes(&self.info)).into());
-            self.ty = GgmlType::Q8_0;
-            file.release_tensor(&self.info);
+        if self.owned.is_some() {
+            return;
         }
+        let bytes = file.tensor_bytes(&self.info);
+        if self.ty == GgmlType::Q5_0 {
+            self.owned = Some(kernels::repack::q5_0_to_q8_0(bytes).into());
+            self.ty = GgmlType::Q8_0;
+        } else if self.ty == GgmlType::Q4_1 && self.rows % 8 == 0 {
+            self.owned = Some(kernels::repack::q4_1_to_x8(bytes, self.rows, self.cols).into());
+            self.layout = kernels::Layout::Interleaved8;
+        } else {
+            return;
+        }
+        file.release_tensor(&self.info);
     }
 }
 
@@ -92,7 +105,7 @@ impl<'a> TensorLoader<'a> {
         if !kernels::is_supported(info.ty) {
             return Err(ModelError::UnsupportedTensorType { name: name.into(), ty: info.ty.name() });
         }
-        Ok(Matrix { info: info.clone(), ty: info.ty, rows, cols, owned: None })
+        Ok(Matrix { info: info.clone(), ty: info.ty, rows, cols, owned: None, layout: kernels::Layout::Rows })
     }
 
     /// A vector of `n` elements, converted to f32.

@@ -81,7 +81,7 @@ impl OwnedMatrix {
     }
 
     pub(crate) fn view(&self) -> QMatrix<'_> {
-        QMatrix { ty: self.ty, data: &self.data, rows: self.rows, cols: self.cols }
+        QMatrix { ty: self.ty, data: &self.data, rows: self.rows, cols: self.cols, layout: kernels::Layout::Rows }
     }
 }
 

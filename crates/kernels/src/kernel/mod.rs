@@ -23,6 +23,43 @@ pub(crate) const TILE: usize = 8;
 /// (`w.len() / row_bytes` rows) and `j < nt <= TILE`.
 pub(crate) type RowKernel = fn(w: &[u8], row_bytes: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32]);
 
+/// The kernel for a matrix interleaved by 8 rows ([`crate::repack`]): `w` holds whole groups of 8 rows (`cols`
+/// elements each); computes `out[j * out_stride + r] = dot(row r of w, activation row t0 + j)` for `j < nt <=
+/// TILE`. A row's result does not depend on `nt` or `t0`.
+pub(crate) type GroupKernel =
+    fn(w: &[u8], cols: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32], out_stride: usize);
+
+/// How a matrix's rows are laid out, with the kernel for it.
+#[derive(Clone, Copy)]
+pub(crate) enum Kernel {
+    /// ggml's row-major blocks.
+    Rows(RowKernel),
+    /// Groups of 8 rows interleaved block by block.
+    Groups8(GroupKernel),
+}
+
+/// The kernel for weights of type `ty` in `layout` on level `isa` (falls back to scalar).
+pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Option<Kernel> {
+    match layout {
+        crate::Layout::Rows => row_kernel(isa, ty).map(Kernel::Rows),
+        crate::Layout::Interleaved8 => group_kernel(isa, ty).map(Kernel::Groups8),
+    }
+}
+
+/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_1 only). AVX-512 machines use the AVX2
+/// kernel.
+pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
+    if ty != GgmlType::Q4_1 {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.available() {
+        return Some(avx2::q4_1_x8_kernel());
+    }
+    let _ = isa;
+    Some(scalar::q4_1_x8)
+}
+
 /// Calls `f::<N>` with the tile size as a constant.
 macro_rules! tile {
     ($f:ident $(::<$k:tt>)?, $nt:expr, $($arg:expr),*) => {
@@ -159,6 +196,35 @@ pub(crate) fn self_check(isa: Isa) -> bool {
         if got.iter().zip(&want).any(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale) {
             eprintln!("specee kernels: {} {} kernel disagrees with scalar; not using it", isa.name(), ty.name());
             return false;
+        }
+    }
+    // The interleaved Q4_1 kernel against the scalar row kernel on the same matrix.
+    let (rows, cols, n_tokens) = (16, 96, 6);
+    let rb = cols / 32 * 20;
+    let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+    for block in w.chunks_exact_mut(20) {
+        block[0..2].copy_from_slice(&0x2000u16.to_le_bytes());
+        block[2..4].copy_from_slice(&0xa000u16.to_le_bytes());
+    }
+    let x: Vec<f32> = (0..n_tokens * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+    let mut buf = ActBuffers::default();
+    buf.reserve(crate::quantize::ActKind::Q8_1, n_tokens, cols);
+    buf.quantize_tokens(crate::quantize::ActKind::Q8_1, &x, cols, 0..n_tokens);
+    let acts = buf.view(crate::quantize::ActKind::Q8_1, &x, cols);
+    let (Some(fast), Some(slow)) = (group_kernel(isa, GgmlType::Q4_1), scalar::kernel(GgmlType::Q4_1)) else {
+        return true;
+    };
+    let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
+    fast(&crate::repack::q4_1_to_x8(&w, rows, cols), cols, &acts, 0, n_tokens, &mut got, rows);
+    slow(&w, rb, &acts, 0, n_tokens, &mut want);
+    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+    for r in 0..rows {
+        for j in 0..n_tokens {
+            let (g, w) = (got[j * rows + r], want[r * n_tokens + j]);
+            if (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale {
+                eprintln!("specee kernels: {} interleaved q4_1 kernel disagrees with scalar; not using it", isa.name());
+                return false;
+            }
         }
     }
     true
