@@ -27,7 +27,7 @@ pub enum Layout {
     /// ggml's layout: row after row, each a run of blocks (as in GGUF files).
     #[default]
     Rows,
-    /// Groups of 8 rows interleaved block by block ([`crate::repack::q4_1_to_x8`]; Q4_1 only): faster
+    /// Groups of 8 rows interleaved block by block ([`crate::repack::q4_to_x8`]; Q4_0 and Q4_1): faster
     /// products, but single rows cannot be picked out ([`matmul_rows`], [`QMatrix::row`]).
     Interleaved8,
 }
@@ -66,11 +66,11 @@ impl<'a> QMatrix<'a> {
         Ok(QMatrix { ty, data, rows, cols, layout: Layout::Rows })
     }
 
-    /// A matrix reordered by [`crate::repack::q4_1_to_x8`]: as [`QMatrix::new`], and `ty` must be Q4_1 and
-    /// `rows` a multiple of 8.
+    /// A matrix reordered by [`crate::repack::q4_to_x8`]: as [`QMatrix::new`], and `ty` must be Q4_0 or Q4_1
+    /// and `rows` a multiple of 8.
     pub fn interleaved8(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
         let m = QMatrix::new(ty, data, rows, cols)?;
-        if ty != GgmlType::Q4_1 {
+        if !crate::repack::interleavable(ty) {
             return Err(KernelError::UnsupportedType(ty.name()));
         }
         if rows % 8 != 0 {

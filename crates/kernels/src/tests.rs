@@ -347,43 +347,44 @@ fn every_row_is_bit_identical_whatever_the_token_count() {
     }
 }
 
-/// Q4_1 interleaved by 8 rows gives the plain layout's products on every level (up to float summation order),
-/// for ragged shapes and every tile size, and a row's result does not depend on how many activation rows
-/// share the call.
+/// Q4_0/Q4_1 interleaved by 8 rows give the plain layout's products on every level (up to float summation
+/// order), for ragged shapes and every tile size, and a row's result does not depend on how many activation
+/// rows share the call.
 #[test]
-fn interleaved_q4_1_matches_the_row_layout() {
+fn interleaved_q4_matches_the_row_layout() {
     let mut rng = Rng(0x51_7cc1_b727_220a);
     let pool = ThreadPool::new(2);
     let mut scratch = MatmulScratch::default();
-    let ty = GgmlType::Q4_1;
-    for (rows, cols) in [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)] {
-        let data = random_weights(ty, rows, cols, &mut rng);
-        let plain = QMatrix::new(ty, &data, rows, cols).unwrap();
-        let packed_data = repack::q4_1_to_x8(&data, rows, cols);
-        assert_eq!(packed_data.len(), data.len());
-        let packed = QMatrix::interleaved8(ty, &packed_data, rows, cols).unwrap();
-        let wf = dequantized(ty, &data, rows, cols);
-        let n_max = 16;
-        let x = random_x(n_max * cols, &mut rng);
-        let mag = magnitude(&wf, &x, rows, cols, n_max);
-        let mut want = vec![0.0; n_max * rows];
-        matmul_isa(Isa::Scalar, &pool, &plain, &x, n_max, &mut want, &mut scratch);
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
-            let mut single = vec![0.0; n_max * rows];
-            for t in 0..n_max {
-                matmul_isa(isa, &pool, &packed, &x[t * cols..], 1, &mut single[t * rows..], &mut scratch);
-            }
-            for n in TOKEN_COUNTS {
-                let mut got = vec![0.0; n * rows];
-                matmul_isa(isa, &pool, &packed, &x, n, &mut got, &mut scratch);
-                for i in 0..n * rows {
-                    assert!(
-                        (got[i] - want[i]).abs() as f64 <= 1e-5 * mag[i] + 1e-6,
-                        "{rows}x{cols} {isa:?} n={n} i={i}: {} vs {}",
-                        got[i],
-                        want[i]
-                    );
-                    assert_eq!(got[i].to_bits(), single[i].to_bits(), "{rows}x{cols} {isa:?} n={n} i={i}");
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1] {
+        for (rows, cols) in [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)] {
+            let data = random_weights(ty, rows, cols, &mut rng);
+            let plain = QMatrix::new(ty, &data, rows, cols).unwrap();
+            let packed_data = repack::q4_to_x8(ty, &data, rows, cols);
+            assert_eq!(packed_data.len(), data.len());
+            let packed = QMatrix::interleaved8(ty, &packed_data, rows, cols).unwrap();
+            let wf = dequantized(ty, &data, rows, cols);
+            let n_max = 16;
+            let x = random_x(n_max * cols, &mut rng);
+            let mag = magnitude(&wf, &x, rows, cols, n_max);
+            let mut want = vec![0.0; n_max * rows];
+            matmul_isa(Isa::Scalar, &pool, &plain, &x, n_max, &mut want, &mut scratch);
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+                let mut single = vec![0.0; n_max * rows];
+                for t in 0..n_max {
+                    matmul_isa(isa, &pool, &packed, &x[t * cols..], 1, &mut single[t * rows..], &mut scratch);
+                }
+                for n in TOKEN_COUNTS {
+                    let mut got = vec![0.0; n * rows];
+                    matmul_isa(isa, &pool, &packed, &x, n, &mut got, &mut scratch);
+                    for i in 0..n * rows {
+                        assert!(
+                            (got[i] - want[i]).abs() as f64 <= 1e-5 * mag[i] + 1e-6,
+                            "{ty} {rows}x{cols} {isa:?} n={n} i={i}: {} vs {}",
+                            got[i],
+                            want[i]
+                        );
+                        assert_eq!(got[i].to_bits(), single[i].to_bits(), "{ty} {rows}x{cols} {isa:?} n={n} i={i}");
+                    }
                 }
             }
         }
@@ -395,6 +396,7 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
     let q4_1 = vec![0u8; 12 * 20];
     assert!(QMatrix::interleaved8(GgmlType::Q4_1, &q4_1, 12, 32).is_err());
     assert!(QMatrix::interleaved8(GgmlType::Q4_1, &q4_1[..8 * 20], 8, 32).is_ok());
+    assert!(QMatrix::interleaved8(GgmlType::Q4_0, &q4_1[..8 * 18], 8, 32).is_ok());
     let q8_0 = vec![0u8; 8 * 34];
     assert!(QMatrix::interleaved8(GgmlType::Q8_0, &q8_0, 8, 32).is_err());
 }

@@ -26,8 +26,8 @@ impl Matrix {
     }
 
     /// Converts a matrix into an exactly equal form whose kernels are faster ([`kernels::repack`]): Q5_0 into
-    /// Q8_0, Q4_1 with a multiple of 8 rows into groups of 8 interleaved rows; other types are left as they
-    /// are.
+    /// Q8_0, Q4_0 and Q4_1 with a multiple of 8 rows into groups of 8 interleaved rows; other types are left as
+    /// they are.
     pub fn repack(&mut self, file: &GgufFile) {
         if self.owned.is_some() {
             return;
@@ -36,8 +36,8 @@ impl Matrix {
         if self.ty == GgmlType::Q5_0 {
             self.owned = Some(kernels::repack::q5_0_to_q8_0(bytes).into());
             self.ty = GgmlType::Q8_0;
-        } else if self.ty == GgmlType::Q4_1 && self.rows % 8 == 0 {
-            self.owned = Some(kernels::repack::q4_1_to_x8(bytes, self.rows, self.cols).into());
+        } else if kernels::repack::interleavable(self.ty) && self.rows % 8 == 0 {
+            self.owned = Some(kernels::repack::q4_to_x8(self.ty, bytes, self.rows, self.cols).into());
             self.layout = kernels::Layout::Interleaved8;
         } else {
             return;

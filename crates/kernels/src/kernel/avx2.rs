@@ -593,18 +593,27 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     }
 }
 
-/// The interleaved Q4_1 kernel ([`crate::repack::q4_1_to_x8`]). Only called after `Isa::Avx2.available()`.
-pub(crate) fn q4_1_x8_kernel() -> super::GroupKernel {
-    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q4_1_x8` checks the shapes it reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q4_1_x8(w, cols, a, t0, nt, o, stride) }
+/// The interleaved Q4_0 (`MIN = false`) or Q4_1 kernel ([`crate::repack::q4_to_x8`]). Only called after
+/// `Isa::Avx2.available()`.
+pub(crate) fn q4_x8_kernel<const MIN: bool>() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q4_x8` checks the shapes it reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN>(w, cols, a, t0, nt, o, stride) }
 }
 
-/// Q4_1 weights interleaved by 8 rows × `nt` activation rows: each group of 8 rows against up to 4 activation
-/// rows at a time (the register budget: per row an i16 block sum and an f32 accumulator).
+/// Q4_0/Q4_1 weights interleaved by 8 rows × `nt` activation rows: each group of 8 rows against up to 4
+/// activation rows at a time (the register budget: per row an i16 block sum and an f32 accumulator).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+unsafe fn q4_x8<const MIN: bool>(
+    w: &[u8],
+    cols: usize,
+    a: &Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
     let nb = cols / 32;
-    let gb = nb * crate::repack::Q4_1_X8_BYTES;
+    let gb = nb * crate::repack::x8_block_bytes(MIN);
     let groups = w.len() / gb;
     assert!(w.len() % gb == 0 && a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
@@ -615,26 +624,33 @@ unsafe fn q4_1_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &m
         while j < nt {
             let o = out.as_mut_ptr().add(j * stride + 8 * g);
             match nt - j {
-                1 => q4_1_x8_tokens::<1>(grp, a, t0 + j, o, stride),
-                2 => q4_1_x8_tokens::<2>(grp, a, t0 + j, o, stride),
-                3 => q4_1_x8_tokens::<3>(grp, a, t0 + j, o, stride),
-                _ => q4_1_x8_tokens::<4>(grp, a, t0 + j, o, stride),
+                1 => q4_x8_tokens::<MIN, 1>(grp, a, t0 + j, o, stride),
+                2 => q4_x8_tokens::<MIN, 2>(grp, a, t0 + j, o, stride),
+                3 => q4_x8_tokens::<MIN, 3>(grp, a, t0 + j, o, stride),
+                _ => q4_x8_tokens::<MIN, 4>(grp, a, t0 + j, o, stride),
             }
             j += 4;
         }
     }
 }
 
-/// One group of 8 interleaved Q4_1 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+/// One group of 8 interleaved Q4_0/Q4_1 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
 ///
 /// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 8 rows): the nibbles are unpacked once and
 /// `vpmaddubsw`'d with the activation row's 4 values broadcast to every lane; the 8 products of a block add up
 /// in i16 (at most 8·2·15·127 < 2^15), one `vpmaddwd` gives the 8 rows' block sums, and two FMAs add
-/// `d_w·d_x·sum + m_w·s_x`.
+/// `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0) and `s_x = d_x·Σx`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_1_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
+    grp: *const u8,
+    a: &Acts,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     let (nb, cols) = (a.nb, a.cols);
+    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), if MIN { 32 } else { 16 });
     let low4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let y0 = a.qs.as_ptr().add(t * cols);
@@ -642,10 +658,10 @@ unsafe fn q4_1_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
     let s0 = a.s.as_ptr().add(t * nb);
     let mut acc = [_mm256_setzero_ps(); G];
     for b in 0..nb {
-        let blk = grp.add(b * crate::repack::Q4_1_X8_BYTES);
+        let blk = grp.add(b * xb);
         let mut s16 = [_mm256_setzero_si256(); G];
         for i in 0..4 {
-            let p = _mm256_loadu_si256(blk.add(32 + 32 * i) as *const __m256i);
+            let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
             let lo = _mm256_and_si256(p, low4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
             for (j, s16) in s16.iter_mut().enumerate() {
@@ -657,12 +673,16 @@ unsafe fn q4_1_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
             }
         }
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-        let mw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+        let cw = if MIN {
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i))
+        } else {
+            _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
+        };
         for (j, acc) in acc.iter_mut().enumerate() {
             let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[j], ones));
             let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
             *acc = _mm256_fmadd_ps(isum, scale, *acc);
-            *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(*s0.add(j * nb + b)), *acc);
+            *acc = _mm256_fmadd_ps(cw, _mm256_set1_ps(*s0.add(j * nb + b)), *acc);
         }
     }
     for (j, acc) in acc.iter().enumerate() {

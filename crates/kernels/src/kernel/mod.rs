@@ -46,18 +46,19 @@ pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Optio
     }
 }
 
-/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_1 only). AVX-512 machines use the AVX2
-/// kernel.
+/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1). AVX-512 machines use the AVX2
+/// kernels.
 pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
-    if ty != GgmlType::Q4_1 {
+    if !crate::repack::interleavable(ty) {
         return None;
     }
+    let min = ty == GgmlType::Q4_1;
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.available() {
-        return Some(avx2::q4_1_x8_kernel());
+        return Some(if min { avx2::q4_x8_kernel::<true>() } else { avx2::q4_x8_kernel::<false>() });
     }
     let _ = isa;
-    Some(scalar::q4_1_x8)
+    Some(if min { scalar::q4_x8::<true> } else { scalar::q4_x8::<false> })
 }
 
 /// Calls `f::<N>` with the tile size as a constant.
@@ -198,33 +199,39 @@ pub(crate) fn self_check(isa: Isa) -> bool {
             return false;
         }
     }
-    // The interleaved Q4_1 kernel against the scalar row kernel on the same matrix.
+    // The interleaved kernels against the scalar row kernels on the same matrices.
     let (rows, cols, n_tokens) = (16, 96, 6);
-    let rb = cols / 32 * 20;
-    let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
-    for block in w.chunks_exact_mut(20) {
-        block[0..2].copy_from_slice(&0x2000u16.to_le_bytes());
-        block[2..4].copy_from_slice(&0xa000u16.to_le_bytes());
-    }
-    let x: Vec<f32> = (0..n_tokens * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
-    let mut buf = ActBuffers::default();
-    buf.reserve(crate::quantize::ActKind::Q8_1, n_tokens, cols);
-    buf.quantize_tokens(crate::quantize::ActKind::Q8_1, &x, cols, 0..n_tokens);
-    let acts = buf.view(crate::quantize::ActKind::Q8_1, &x, cols);
-    let (Some(fast), Some(slow)) = (group_kernel(isa, GgmlType::Q4_1), scalar::kernel(GgmlType::Q4_1)) else {
-        return true;
-    };
-    let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
-    fast(&crate::repack::q4_1_to_x8(&w, rows, cols), cols, &acts, 0, n_tokens, &mut got, rows);
-    slow(&w, rb, &acts, 0, n_tokens, &mut want);
-    let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-    for r in 0..rows {
-        for j in 0..n_tokens {
-            let (g, w) = (got[j * rows + r], want[r * n_tokens + j]);
-            if (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale {
-                eprintln!("specee kernels: {} interleaved q4_1 kernel disagrees with scalar; not using it", isa.name());
-                return false;
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1] {
+        let (kind, bytes) = (act_kind(ty).unwrap_or(crate::quantize::ActKind::Q8_0), ty.type_size());
+        let rb = cols / 32 * bytes;
+        let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        for block in w.chunks_exact_mut(bytes) {
+            block[0..2].copy_from_slice(&0x2000u16.to_le_bytes());
+            if ty == GgmlType::Q4_1 {
+                block[2..4].copy_from_slice(&0xa000u16.to_le_bytes());
             }
+        }
+        let x: Vec<f32> = (0..n_tokens * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+        let mut buf = ActBuffers::default();
+        buf.reserve(kind, n_tokens, cols);
+        buf.quantize_tokens(kind, &x, cols, 0..n_tokens);
+        let acts = buf.view(kind, &x, cols);
+        let (Some(fast), Some(slow)) = (group_kernel(isa, ty), scalar::kernel(ty)) else { continue };
+        let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
+        fast(&crate::repack::q4_to_x8(ty, &w, rows, cols), cols, &acts, 0, n_tokens, &mut got, rows);
+        slow(&w, rb, &acts, 0, n_tokens, &mut want);
+        let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        let bad = |r: usize, j: usize| {
+            let (g, w) = (got[j * rows + r], want[r * n_tokens + j]);
+            (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale
+        };
+        if (0..rows).any(|r| (0..n_tokens).any(|j| bad(r, j))) {
+            eprintln!(
+                "specee kernels: {} interleaved {} kernel disagrees with scalar; not using it",
+                isa.name(),
+                ty.name()
+            );
+            return false;
         }
     }
     true

@@ -280,26 +280,37 @@ fn dot_q3_k(row: &[u8], a: &Acts, t: usize) -> f32 {
     sumf
 }
 
-/// Q4_1 weights interleaved by 8 rows ([`crate::repack::q4_1_to_x8`]) × `nt` activation rows:
-/// `out[j * stride + r] = dot(row r, activation row t0 + j)`, the same formula as [`dot_q4_1`].
-pub(crate) fn q4_1_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+/// Q4_0 (`MIN = false`) or Q4_1 weights interleaved by 8 rows ([`crate::repack::q4_to_x8`]) × `nt` activation
+/// rows: `out[j * stride + r] = dot(row r, activation row t0 + j)`, the formulas of [`dot_q4_0`]/[`dot_q4_1`]
+/// (`-8 · d · Σ(y · d_y)` for Q4_0's offset).
+pub(crate) fn q4_x8<const MIN: bool>(
+    w: &[u8],
+    cols: usize,
+    a: &Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
     let nb = cols / QK;
-    let gb = nb * crate::repack::Q4_1_X8_BYTES;
-    for (g, grp) in w.chunks_exact(gb).enumerate() {
+    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), if MIN { 32 } else { 16 });
+    for (g, grp) in w.chunks_exact(nb * xb).enumerate() {
         for j in 0..nt {
             let (qs, d, s) = q8(a, t0 + j);
             let mut sumf = [0.0f32; 8];
-            for (b, blk) in grp.chunks_exact(crate::repack::Q4_1_X8_BYTES).enumerate() {
+            for (b, blk) in grp.chunks_exact(xb).enumerate() {
                 let y = &qs[b * QK..b * QK + QK];
                 for (r, sumf) in sumf.iter_mut().enumerate() {
                     let mut sumi = 0i32;
                     for i in 0..4 {
                         for e in 0..4 {
-                            let q = blk[32 + 32 * i + 4 * r + e];
+                            let q = blk[regs + 32 * i + 4 * r + e];
                             sumi += (q & 0xF) as i32 * y[4 * i + e] as i32 + (q >> 4) as i32 * y[16 + 4 * i + e] as i32;
                         }
                     }
-                    *sumf += (read_f16(blk, 2 * r) * d[b]) * sumi as f32 + read_f16(blk, 16 + 2 * r) * s[b];
+                    let dw = read_f16(blk, 2 * r);
+                    let cw = if MIN { read_f16(blk, 16 + 2 * r) } else { -8.0 * dw };
+                    *sumf += (dw * d[b]) * sumi as f32 + cw * s[b];
                 }
             }
             out[j * stride + 8 * g..j * stride + 8 * g + 8].copy_from_slice(&sumf);
