@@ -53,6 +53,16 @@ pub const fn x8_block_bytes(has_min: bool) -> usize {
     }
 }
 
+/// Where the four nibble registers start in an interleaved block column (after the `d`s and, for Q4_1, the
+/// `m`s).
+pub const fn x8_regs_offset(has_min: bool) -> usize {
+    if has_min {
+        32
+    } else {
+        16
+    }
+}
+
 /// Reorders a Q4_0 or Q4_1 matrix of `rows` rows (a multiple of 8) and `cols` columns into groups of 8 rows.
 ///
 /// Group `g` (rows `8g..8g+8`) holds, per block column `b`, [`x8_block_bytes`] bytes at `(g * nb + b) *
@@ -81,7 +91,7 @@ pub fn q4_to_x8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
                 if has_min {
                     dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                 }
-                let (qs, regs) = (&blk[head..], &mut dst[8 * head..]);
+                let (qs, regs) = (&blk[head..], &mut dst[x8_regs_offset(has_min)..]);
                 for i in 0..4 {
                     regs[32 * i + 4 * r..32 * i + 4 * r + 4].copy_from_slice(&qs[4 * i..4 * i + 4]);
                 }

@@ -650,7 +650,7 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
     stride: usize,
 ) {
     let (nb, cols) = (a.nb, a.cols);
-    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), if MIN { 32 } else { 16 });
+    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), crate::repack::x8_regs_offset(MIN));
     let low4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let y0 = a.qs.as_ptr().add(t * cols);

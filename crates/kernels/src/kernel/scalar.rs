@@ -293,7 +293,7 @@ pub(crate) fn q4_x8<const MIN: bool>(
     stride: usize,
 ) {
     let nb = cols / QK;
-    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), if MIN { 32 } else { 16 });
+    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), crate::repack::x8_regs_offset(MIN));
     for (g, grp) in w.chunks_exact(nb * xb).enumerate() {
         for j in 0..nt {
             let (qs, d, s) = q8(a, t0 + j);
