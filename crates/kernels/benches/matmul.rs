@@ -89,11 +89,16 @@ fn multi_row(c: &mut Criterion) {
     let mut group = c.benchmark_group(format!("multirow_t{}_{}", pool.n_threads(), kernels::detected_isa()));
     group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
     // Q4_0/Q4_1 shapes interleaved by 8 rows, as the model loads them.
-    let interleaved = [(GgmlType::Q4_1, 1536, 576), (GgmlType::Q4_1, 576, 1536), (GgmlType::Q4_0, 1536, 576)];
+    let interleaved = [
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q4_0, 1536, 576),
+        (GgmlType::Q4_K, 640, 2048),
+    ];
     let all = shapes.iter().map(|s| (*s, false)).chain(interleaved.iter().map(|s| (*s, true)));
     for ((ty, rows, cols), x8) in all {
         let data = random_matrix(ty, rows, cols);
-        let data = if x8 { kernels::repack::q4_to_x8(ty, &data, rows, cols) } else { data };
+        let data = if x8 { kernels::repack::interleave8(ty, &data, rows, cols) } else { data };
         let w = if x8 { QMatrix::interleaved8(ty, &data, rows, cols) } else { QMatrix::new(ty, &data, rows, cols) };
         let w = w.unwrap();
         let ty = if x8 { format!("{}x8", ty.name()) } else { ty.name().to_string() };

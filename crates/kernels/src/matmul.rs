@@ -27,8 +27,8 @@ pub enum Layout {
     /// ggml's layout: row after row, each a run of blocks (as in GGUF files).
     #[default]
     Rows,
-    /// Groups of 8 rows interleaved block by block ([`crate::repack::q4_to_x8`]; Q4_0 and Q4_1): faster
-    /// products, but single rows cannot be picked out ([`matmul_rows`], [`QMatrix::row`]).
+    /// Groups of 8 rows interleaved block by block ([`crate::repack::interleave8`]; Q4_0, Q4_1 and Q4_K):
+    /// faster products, but single rows cannot be picked out ([`matmul_rows`], [`QMatrix::row`]).
     Interleaved8,
 }
 
@@ -38,7 +38,8 @@ pub enum Layout {
 pub struct QMatrix<'a> {
     /// Element type.
     pub ty: GgmlType,
-    /// `rows * row_bytes()` bytes; row `r` starts at `r * row_bytes()`.
+    /// `rows * row_bytes()` bytes; row `r` (or, interleaved, the group of 8 rows from `r`) starts at
+    /// `r * row_bytes()`.
     pub data: &'a [u8],
     /// Number of rows (output features).
     pub rows: usize,
@@ -66,23 +67,32 @@ impl<'a> QMatrix<'a> {
         Ok(QMatrix { ty, data, rows, cols, layout: Layout::Rows })
     }
 
-    /// A matrix reordered by [`crate::repack::q4_to_x8`]: as [`QMatrix::new`], and `ty` must be Q4_0 or Q4_1
-    /// and `rows` a multiple of 8.
+    /// A matrix reordered by [`crate::repack::interleave8`]: `ty` must be Q4_0, Q4_1 or Q4_K, `rows` a multiple
+    /// of 8, `cols` a whole number of blocks, and `data` exactly the interleaved size.
     pub fn interleaved8(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
-        let m = QMatrix::new(ty, data, rows, cols)?;
-        if !crate::repack::interleavable(ty) {
+        let Some(xb) = crate::repack::x8_block_bytes(ty) else {
             return Err(KernelError::UnsupportedType(ty.name()));
+        };
+        let bad = |reason| KernelError::BadShape { ty: ty.name(), rows, cols, data_len: data.len(), reason };
+        if cols == 0 || cols % ty.block_size() != 0 {
+            return Err(bad("cols is not a positive multiple of the block size"));
         }
         if rows % 8 != 0 {
-            let reason = "interleaved rows are not a multiple of 8";
-            return Err(KernelError::BadShape { ty: ty.name(), rows, cols, data_len: data.len(), reason });
+            return Err(bad("interleaved rows are not a multiple of 8"));
         }
-        Ok(QMatrix { layout: Layout::Interleaved8, ..m })
+        if (rows / 8).checked_mul(cols / ty.block_size() * xb) != Some(data.len()) {
+            return Err(bad("data length is not the interleaved size"));
+        }
+        Ok(QMatrix { ty, data, rows, cols, layout: Layout::Interleaved8 })
     }
 
-    /// Bytes per row.
+    /// Bytes per row (interleaved: an eighth of a group of 8 rows).
     pub fn row_bytes(&self) -> usize {
-        self.cols / self.ty.block_size() * self.ty.type_size()
+        let blocks = self.cols / self.ty.block_size();
+        match (self.layout, crate::repack::x8_block_bytes(self.ty)) {
+            (Layout::Interleaved8, Some(xb)) => blocks * xb / 8,
+            _ => blocks * self.ty.type_size(),
+        }
     }
 
     /// The bytes of row `r`.

@@ -7,10 +7,10 @@
 //! 167 µs. The Q5_0 kernel spends its time spreading the fifth bits; streaming 55% more bytes costs less.
 
 //!
-//! Q4_0/Q4_1 → the same type interleaved by 8 rows ([`q4_to_x8`]): the same bytes in another order, so that one
-//! 32-byte register holds four consecutive values of eight weight rows; the kernels then compute eight rows'
-//! block sums in the eight lanes of one register (no horizontal sums, one scale multiply per block and
-//! activation row instead of one per row). Same numbers, same size. Measured (`cargo bench -p kernels --bench
+//! Q4_0/Q4_1/Q4_K → the same type interleaved by 8 rows ([`interleave8`]): the same bytes in another order, so
+//! that one 32-byte register holds four consecutive values of eight weight rows; the kernels then compute eight
+//! rows' block sums in the eight lanes of one register (no horizontal sums, one scale multiply per block and
+//! activation row instead of one per row). Same numbers. Measured (`cargo bench -p kernels --bench
 //! matmul -- multirow`, Q4_1 1536 × 576, weights in cache): one thread 50 → 20 µs for one activation row, 171 →
 //! 109 µs for eight; SmolLM2 prefill 1.5× (`specee bench` with and without `SPECEE_REPACK=0`).
 
@@ -38,14 +38,24 @@ pub fn q5_0_to_q8_0(src: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The types [`q4_to_x8`] interleaves.
+/// The types [`interleave8`] handles.
 pub fn interleavable(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1)
+    x8_block_bytes(ty).is_some()
+}
+
+/// Bytes of one block column of 8 interleaved rows of type `ty` (None: the type is not interleaved).
+pub fn x8_block_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 => Some(x8_legacy_bytes(false)),
+        GgmlType::Q4_1 => Some(x8_legacy_bytes(true)),
+        GgmlType::Q4_K => Some(Q4_K_X8_BYTES),
+        _ => None,
+    }
 }
 
 /// Bytes of one block column of 8 interleaved Q4_0/Q4_1 rows: the eight rows' `d` (f16), for Q4_1 their `m`
 /// (f16), then 128 bytes of nibbles.
-pub const fn x8_block_bytes(has_min: bool) -> usize {
+pub const fn x8_legacy_bytes(has_min: bool) -> usize {
     if has_min {
         8 * Q4_1_BYTES
     } else {
@@ -53,8 +63,8 @@ pub const fn x8_block_bytes(has_min: bool) -> usize {
     }
 }
 
-/// Where the four nibble registers start in an interleaved block column (after the `d`s and, for Q4_1, the
-/// `m`s).
+/// Where the four nibble registers start in an interleaved Q4_0/Q4_1 block column (after the `d`s and, for
+/// Q4_1, the `m`s).
 pub const fn x8_regs_offset(has_min: bool) -> usize {
     if has_min {
         32
@@ -63,36 +73,59 @@ pub const fn x8_regs_offset(has_min: bool) -> usize {
     }
 }
 
-/// Reorders a Q4_0 or Q4_1 matrix of `rows` rows (a multiple of 8) and `cols` columns into groups of 8 rows.
-///
-/// Group `g` (rows `8g..8g+8`) holds, per block column `b`, [`x8_block_bytes`] bytes at `(g * nb + b) *
-/// x8_block_bytes`: the 8 rows' `d` (bytes `2r..2r+2`), for Q4_1 their `m` (bytes `16+2r..`), then four 32-byte
-/// registers; register `i` holds at bytes `4r..4r+4` row `r`'s packed bytes `qs[4i..4i+4]` (low nibbles: values
-/// `4i..4i+4`, high nibbles: values `16+4i..16+4i+4`).
-pub fn q4_to_x8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
-    assert!(interleavable(ty), "q4_to_x8: {} cannot be interleaved", ty.name());
-    let has_min = ty == GgmlType::Q4_1;
-    let (bytes, xb) = (ty.type_size(), x8_block_bytes(has_min));
-    let head = if has_min { 4 } else { 2 };
-    let nb = cols / QK;
+/// Bytes of one super-block column of 8 interleaved Q4_K rows: `d` ×8 (f16), `dmin` ×8 (f16), the 8 sub-block
+/// scales of the 8 rows (u8, `[sub-block][row]`), their mins (same order), then 1024 bytes of nibbles.
+pub const Q4_K_X8_BYTES: usize = 16 + 16 + 64 + 64 + 1024;
+/// Where the interleaved Q4_K scales, mins and nibbles start.
+pub const Q4_K_X8_SCALES: usize = 32;
+pub const Q4_K_X8_MINS: usize = 96;
+pub const Q4_K_X8_QS: usize = 160;
+
+/// Reorders a Q4_0, Q4_1 or Q4_K matrix of `rows` rows (a multiple of 8) and `cols` columns into groups of 8
+/// rows, block column by block column: group `g` (rows `8g..8g+8`) holds block column `b` at `(g * nb + b) *`
+/// [`x8_block_bytes`], where the nibbles form 32-byte registers holding 4 bytes of each of the 8 rows (row `r`
+/// at bytes `4r..4r+4`):
+/// - Q4_0/Q4_1: the 8 rows' `d`, for Q4_1 their `m`, then four registers; register `i` holds row `r`'s packed
+///   bytes `qs[4i..4i+4]` (low nibbles: values `4i..4i+4`, high nibbles: values `16+4i..`). Same size as the file.
+/// - Q4_K: `d`, `dmin`, the decoded 6-bit scales and mins as bytes, then 32 registers; register `8k + i` holds
+///   row `r`'s `qs[32k+4i..32k+4i+4]` (low nibbles: sub-block `2k`'s values `4i..4i+4`, high: sub-block `2k+1`'s).
+///   32 bytes per 8 rows larger than the file (the scales unpacked).
+pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let xb = x8_block_bytes(ty).unwrap_or_else(|| panic!("interleave8: {} cannot be interleaved", ty.name()));
+    let (bytes, block) = (ty.type_size(), ty.block_size());
+    let nb = cols / block;
     let rb = nb * bytes;
     assert!(
-        rows % 8 == 0 && cols % QK == 0 && src.len() == rows * rb,
-        "q4_to_x8: {} bytes do not hold a {} {rows}x{cols} matrix with rows a multiple of 8",
+        rows % 8 == 0 && cols % block == 0 && src.len() == rows * rb,
+        "interleave8: {} bytes do not hold a {} {rows}x{cols} matrix with rows a multiple of 8",
         src.len(),
         ty.name()
     );
-    let mut out = vec![0u8; src.len()];
-    for (g, dst_group) in out.chunks_exact_mut(8 * rb).enumerate() {
+    let mut out = vec![0u8; rows / 8 * nb * xb];
+    for (g, dst_group) in out.chunks_exact_mut(nb * xb).enumerate() {
         for (b, dst) in dst_group.chunks_exact_mut(xb).enumerate() {
             for r in 0..8 {
                 let blk = &src[(8 * g + r) * rb + b * bytes..][..bytes];
+                // d, then dmin (Q4_K) or m (Q4_1): f16 fields at the front of every type's block.
                 dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                if has_min {
+                if ty != GgmlType::Q4_0 {
                     dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                 }
-                let (qs, regs) = (&blk[head..], &mut dst[x8_regs_offset(has_min)..]);
-                for i in 0..4 {
+                let (qs, regs) = match ty {
+                    GgmlType::Q4_K => {
+                        let (sc, mn) = crate::blocks::k4_scales_mins(&blk[4..16]);
+                        for (j, (s, m)) in sc.to_le_bytes().into_iter().zip(mn.to_le_bytes()).enumerate() {
+                            dst[Q4_K_X8_SCALES + 8 * j + r] = s;
+                            dst[Q4_K_X8_MINS + 8 * j + r] = m;
+                        }
+                        (&blk[16..], &mut dst[Q4_K_X8_QS..])
+                    }
+                    _ => {
+                        let has_min = ty == GgmlType::Q4_1;
+                        (&blk[if has_min { 4 } else { 2 }..], &mut dst[x8_regs_offset(has_min)..])
+                    }
+                };
+                for i in 0..qs.len() / 4 {
                     regs[32 * i + 4 * r..32 * i + 4 * r + 4].copy_from_slice(&qs[4 * i..4 * i + 4]);
                 }
             }

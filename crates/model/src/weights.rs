@@ -37,7 +37,7 @@ impl Matrix {
             self.owned = Some(kernels::repack::q5_0_to_q8_0(bytes).into());
             self.ty = GgmlType::Q8_0;
         } else if kernels::repack::interleavable(self.ty) && self.rows % 8 == 0 {
-            self.owned = Some(kernels::repack::q4_to_x8(self.ty, bytes, self.rows, self.cols).into());
+            self.owned = Some(kernels::repack::interleave8(self.ty, bytes, self.rows, self.cols).into());
             self.layout = kernels::Layout::Interleaved8;
         } else {
             return;

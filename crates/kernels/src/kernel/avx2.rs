@@ -593,15 +593,14 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     }
 }
 
-/// The interleaved Q4_0 (`MIN = false`) or Q4_1 kernel ([`crate::repack::q4_to_x8`]). Only called after
+/// The interleaved Q4_0 (`MIN = false`) or Q4_1 kernel ([`crate::repack::interleave8`]). Only called after
 /// `Isa::Avx2.available()`.
 pub(crate) fn q4_x8_kernel<const MIN: bool>() -> super::GroupKernel {
     // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q4_x8` checks the shapes it reads.
     |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN>(w, cols, a, t0, nt, o, stride) }
 }
 
-/// Q4_0/Q4_1 weights interleaved by 8 rows × `nt` activation rows: each group of 8 rows against up to 4
-/// activation rows at a time (the register budget: per row an i16 block sum and an f32 accumulator).
+/// Q4_0/Q4_1 weights interleaved by 8 rows × `nt` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_x8<const MIN: bool>(
     w: &[u8],
@@ -613,22 +612,38 @@ unsafe fn q4_x8<const MIN: bool>(
     stride: usize,
 ) {
     let nb = cols / 32;
-    let gb = nb * crate::repack::x8_block_bytes(MIN);
-    let groups = w.len() / gb;
-    assert!(w.len() % gb == 0 && a.nb == nb && a.cols == cols);
+    assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
-    assert!(nt >= 1 && out.len() >= (nt - 1) * stride + 8 * groups);
+    for_groups(w, nb * crate::repack::x8_legacy_bytes(MIN), nt, out, stride, |grp, j, n, o| match n {
+        1 => q4_x8_tokens::<MIN, 1>(grp, a, t0 + j, o, stride),
+        2 => q4_x8_tokens::<MIN, 2>(grp, a, t0 + j, o, stride),
+        3 => q4_x8_tokens::<MIN, 3>(grp, a, t0 + j, o, stride),
+        _ => q4_x8_tokens::<MIN, 4>(grp, a, t0 + j, o, stride),
+    });
+}
+
+/// Walks the groups of 8 interleaved rows (`group_bytes` each) of `w` and, per group, the activation rows in
+/// runs of up to 4 (the register budget of the group kernels: per activation row an integer block sum and an
+/// f32 accumulator): calls `f(group, first row j, run length, &out[j * stride + 8 * group])`.
+///
+/// # Safety
+/// `f` gets a pointer into `out` with room for its run's rows at `stride` and 8 lanes each (checked here).
+#[inline(always)]
+unsafe fn for_groups(
+    w: &[u8],
+    group_bytes: usize,
+    nt: usize,
+    out: &mut [f32],
+    stride: usize,
+    mut f: impl FnMut(*const u8, usize, usize, *mut f32),
+) {
+    let groups = w.len() / group_bytes;
+    assert!(w.len() % group_bytes == 0 && nt >= 1 && out.len() >= (nt - 1) * stride + 8 * groups);
     for g in 0..groups {
-        let grp = w.as_ptr().add(g * gb);
+        let grp = w.as_ptr().add(g * group_bytes);
         let mut j = 0;
         while j < nt {
-            let o = out.as_mut_ptr().add(j * stride + 8 * g);
-            match nt - j {
-                1 => q4_x8_tokens::<MIN, 1>(grp, a, t0 + j, o, stride),
-                2 => q4_x8_tokens::<MIN, 2>(grp, a, t0 + j, o, stride),
-                3 => q4_x8_tokens::<MIN, 3>(grp, a, t0 + j, o, stride),
-                _ => q4_x8_tokens::<MIN, 4>(grp, a, t0 + j, o, stride),
-            }
+            f(grp, j, (nt - j).min(4), out.as_mut_ptr().add(j * stride + 8 * g));
             j += 4;
         }
     }
@@ -650,7 +665,7 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
     stride: usize,
 ) {
     let (nb, cols) = (a.nb, a.cols);
-    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
     let low4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let y0 = a.qs.as_ptr().add(t * cols);
@@ -683,6 +698,95 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
             let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
             *acc = _mm256_fmadd_ps(isum, scale, *acc);
             *acc = _mm256_fmadd_ps(cw, _mm256_set1_ps(*s0.add(j * nb + b)), *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(j * stride), *acc);
+    }
+}
+
+/// The interleaved Q4_K kernel ([`crate::repack::interleave8`]). Only called after `Isa::Avx2.available()`.
+pub(crate) fn q4_k_x8_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q4_k_x8` checks the shapes it reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q4_k_x8(w, cols, a, t0, nt, o, stride) }
+}
+
+/// Q4_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    let nb = cols / 256;
+    assert!(a.nb == nb && a.cols == cols);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
+    for_groups(w, nb * crate::repack::Q4_K_X8_BYTES, nt, out, stride, |grp, j, n, o| match n {
+        1 => q4_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
+        2 => q4_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
+        3 => q4_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
+        _ => q4_k_x8_tokens::<4>(grp, a, t0 + j, o, stride),
+    });
+}
+
+/// 8 bytes (one per weight row) widened so that both i16 lanes of each row's 32-bit lane hold its byte: the
+/// multiplier of a `vpmaddwd` against per-row pairs of i16 sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dup16(p: *const u8) -> __m256i {
+    let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+    _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
+}
+
+/// One group of 8 interleaved Q4_K rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+///
+/// Per sub-block: 8 registers of nibbles (4 values of each row) `vpmaddubsw`'d with the activation's 4 values
+/// broadcast, added in i16 (at most 8·2·15·127 < 2^15), then one `vpmaddwd` with the rows' 6-bit scales; the
+/// mins term is one `vpmaddwd` per sub-block of the rows' mins with the activation's pair of 16-value sums.
+/// Per super-block: `d_x·(d_w·Σ sc·dot − dmin_w·Σ m·bsum)` in two FMAs.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+    use crate::repack::{Q4_K_X8_BYTES, Q4_K_X8_MINS, Q4_K_X8_QS, Q4_K_X8_SCALES};
+    let (nb, cols) = (a.nb, a.cols);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let blk = grp.add(b * Q4_K_X8_BYTES);
+        let mut isum = [_mm256_setzero_si256(); G];
+        for sb in 0..8 {
+            let q = blk.add(Q4_K_X8_QS + 256 * (sb / 2));
+            let mut s16 = [_mm256_setzero_si256(); G];
+            for i in 0..8 {
+                let p = _mm256_loadu_si256(q.add(32 * i) as *const __m256i);
+                let v = if sb % 2 == 0 {
+                    _mm256_and_si256(p, low4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4)
+                };
+                for (j, s16) in s16.iter_mut().enumerate() {
+                    let y = y0.add(j * cols + 256 * b + 32 * sb + 4 * i);
+                    let yv = _mm256_set1_epi32((y as *const i32).read_unaligned());
+                    *s16 = _mm256_add_epi16(*s16, _mm256_maddubs_epi16(v, yv));
+                }
+            }
+            let sc = dup16(blk.add(Q4_K_X8_SCALES + 8 * sb));
+            for (j, isum) in isum.iter_mut().enumerate() {
+                *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(s16[j], sc));
+            }
+        }
+        let mut msum = [_mm256_setzero_si256(); G];
+        for sb in 0..8 {
+            let m = dup16(blk.add(Q4_K_X8_MINS + 8 * sb));
+            for (j, msum) in msum.iter_mut().enumerate() {
+                let bs = a.bsums.as_ptr().add(((t + j) * nb + b) * 16 + 2 * sb);
+                let pair = _mm256_set1_epi32((bs as *const i32).read_unaligned());
+                *msum = _mm256_add_epi32(*msum, _mm256_madd_epi16(m, pair));
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let dy = _mm256_set1_ps(*a.d.as_ptr().add((t + j) * nb + b));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
+            *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
         }
     }
     for (j, acc) in acc.iter().enumerate() {

@@ -46,19 +46,25 @@ pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Optio
     }
 }
 
-/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1). AVX-512 machines use the AVX2
+/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q4_K). AVX-512 machines use the AVX2
 /// kernels.
 pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
-    if !crate::repack::interleavable(ty) {
-        return None;
-    }
-    let min = ty == GgmlType::Q4_1;
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.available() {
-        return Some(if min { avx2::q4_x8_kernel::<true>() } else { avx2::q4_x8_kernel::<false>() });
+        return match ty {
+            GgmlType::Q4_0 => Some(avx2::q4_x8_kernel::<false>()),
+            GgmlType::Q4_1 => Some(avx2::q4_x8_kernel::<true>()),
+            GgmlType::Q4_K => Some(avx2::q4_k_x8_kernel()),
+            _ => None,
+        };
     }
     let _ = isa;
-    Some(if min { scalar::q4_x8::<true> } else { scalar::q4_x8::<false> })
+    match ty {
+        GgmlType::Q4_0 => Some(scalar::q4_x8::<false>),
+        GgmlType::Q4_1 => Some(scalar::q4_x8::<true>),
+        GgmlType::Q4_K => Some(scalar::q4_k_x8),
+        _ => None,
+    }
 }
 
 /// Calls `f::<N>` with the tile size as a constant.
@@ -200,14 +206,14 @@ pub(crate) fn self_check(isa: Isa) -> bool {
         }
     }
     // The interleaved kernels against the scalar row kernels on the same matrices.
-    let (rows, cols, n_tokens) = (16, 96, 6);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1] {
+    let rows = 16;
+    for (ty, cols, n_tokens) in [(GgmlType::Q4_0, 96, 6), (GgmlType::Q4_1, 96, 6), (GgmlType::Q4_K, 512, 5)] {
         let (kind, bytes) = (act_kind(ty).unwrap_or(crate::quantize::ActKind::Q8_0), ty.type_size());
-        let rb = cols / 32 * bytes;
+        let rb = cols / ty.block_size() * bytes;
         let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
         for block in w.chunks_exact_mut(bytes) {
             block[0..2].copy_from_slice(&0x2000u16.to_le_bytes());
-            if ty == GgmlType::Q4_1 {
+            if ty != GgmlType::Q4_0 {
                 block[2..4].copy_from_slice(&0xa000u16.to_le_bytes());
             }
         }
@@ -218,7 +224,7 @@ pub(crate) fn self_check(isa: Isa) -> bool {
         let acts = buf.view(kind, &x, cols);
         let (Some(fast), Some(slow)) = (group_kernel(isa, ty), scalar::kernel(ty)) else { continue };
         let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
-        fast(&crate::repack::q4_to_x8(ty, &w, rows, cols), cols, &acts, 0, n_tokens, &mut got, rows);
+        fast(&crate::repack::interleave8(ty, &w, rows, cols), cols, &acts, 0, n_tokens, &mut got, rows);
         slow(&w, rb, &acts, 0, n_tokens, &mut want);
         let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
         let bad = |r: usize, j: usize| {

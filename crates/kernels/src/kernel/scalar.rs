@@ -280,7 +280,7 @@ fn dot_q3_k(row: &[u8], a: &Acts, t: usize) -> f32 {
     sumf
 }
 
-/// Q4_0 (`MIN = false`) or Q4_1 weights interleaved by 8 rows ([`crate::repack::q4_to_x8`]) × `nt` activation
+/// Q4_0 (`MIN = false`) or Q4_1 weights interleaved by 8 rows ([`crate::repack::interleave8`]) × `nt` activation
 /// rows: `out[j * stride + r] = dot(row r, activation row t0 + j)`, the formulas of [`dot_q4_0`]/[`dot_q4_1`]
 /// (`-8 · d · Σ(y · d_y)` for Q4_0's offset).
 pub(crate) fn q4_x8<const MIN: bool>(
@@ -293,7 +293,7 @@ pub(crate) fn q4_x8<const MIN: bool>(
     stride: usize,
 ) {
     let nb = cols / QK;
-    let (xb, regs) = (crate::repack::x8_block_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
     for (g, grp) in w.chunks_exact(nb * xb).enumerate() {
         for j in 0..nt {
             let (qs, d, s) = q8(a, t0 + j);
@@ -311,6 +311,41 @@ pub(crate) fn q4_x8<const MIN: bool>(
                     let dw = read_f16(blk, 2 * r);
                     let cw = if MIN { read_f16(blk, 16 + 2 * r) } else { -8.0 * dw };
                     *sumf += (dw * d[b]) * sumi as f32 + cw * s[b];
+                }
+            }
+            out[j * stride + 8 * g..j * stride + 8 * g + 8].copy_from_slice(&sumf);
+        }
+    }
+}
+
+/// Q4_K weights interleaved by 8 rows ([`crate::repack::interleave8`]) × `nt` activation rows:
+/// `out[j * stride + r] = dot(row r, activation row t0 + j)`, the formula of [`dot_q4_k`].
+pub(crate) fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    use crate::repack::{Q4_K_X8_BYTES, Q4_K_X8_MINS, Q4_K_X8_QS, Q4_K_X8_SCALES};
+    let nb = cols / QK_K;
+    for (g, grp) in w.chunks_exact(nb * Q4_K_X8_BYTES).enumerate() {
+        for j in 0..nt {
+            let (qs, d, bsums) = q8k(a, t0 + j);
+            let mut sumf = [0.0f32; 8];
+            for (ib, blk) in grp.chunks_exact(Q4_K_X8_BYTES).enumerate() {
+                let y = &qs[ib * QK_K..ib * QK_K + QK_K];
+                let bs = &bsums[ib * 16..ib * 16 + 16];
+                for (r, sumf) in sumf.iter_mut().enumerate() {
+                    let (mut isum, mut msum) = (0i32, 0i32);
+                    for sb in 0..8 {
+                        let mut dot = 0i32;
+                        for i in 0..8 {
+                            for e in 0..4 {
+                                let q = blk[Q4_K_X8_QS + 256 * (sb / 2) + 32 * i + 4 * r + e];
+                                let v = if sb % 2 == 0 { q & 0xF } else { q >> 4 };
+                                dot += v as i32 * y[32 * sb + 4 * i + e] as i32;
+                            }
+                        }
+                        isum += blk[Q4_K_X8_SCALES + 8 * sb + r] as i32 * dot;
+                        msum += blk[Q4_K_X8_MINS + 8 * sb + r] as i32 * (bs[2 * sb] as i32 + bs[2 * sb + 1] as i32);
+                    }
+                    *sumf +=
+                        d[ib] * read_f16(blk, 2 * r) * isum as f32 - d[ib] * read_f16(blk, 16 + 2 * r) * msum as f32;
                 }
             }
             out[j * stride + 8 * g..j * stride + 8 * g + 8].copy_from_slice(&sumf);
