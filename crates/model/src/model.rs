@@ -207,7 +207,8 @@ impl Model {
 
         // Attention: one task per (row, head), spread over the pool.
         let n_threads = ws.pool.n_threads();
-        grow(&mut ws.scores, n_threads * ATT_ITEMS_PER_THREAD * total);
+        // Per item: scores and the two online-softmax factors of every position (see `Attention::run`).
+        grow(&mut ws.scores, n_threads * ATT_ITEMS_PER_THREAD * 3 * total);
         let lc = kv.layer_mut(il);
         let (kc, vc, pc) = (&lc.k[..], &lc.v[..], &lc.pos[..]);
         let window = if swa { c.sliding_window } else { None };
@@ -246,7 +247,7 @@ impl Model {
         let n_items = n_tasks.div_ceil(per_item);
         ws.pool.run_items(n_items, &|i| {
             // SAFETY: each item owns its scores slice and writes only the att rows of its own tasks.
-            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(i * total), total) };
+            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(i * 3 * total), 3 * total) };
             job.run(i * per_item..((i + 1) * per_item).min(n_tasks), sc);
         });
 
@@ -524,7 +525,7 @@ struct Attention<'a> {
 }
 
 impl Attention<'_> {
-    /// Runs `tasks` (task = row * n_head + head), using `sc` (`total` floats) as score scratch.
+    /// Runs `tasks` (task = row * n_head + head), using `sc` (`3 * total` floats) as scratch.
     /// Compiled for AVX2+FMA when the CPU has it: the same scalar code, auto-vectorised wider (the
     /// element order of every sum is fixed by the code, and floating-point contraction is never applied,
     /// so results are bit-identical to the baseline build).
@@ -536,18 +537,26 @@ impl Attention<'_> {
                 return unsafe { self.run_avx2(tasks, sc) };
             }
         }
-        self.run_generic(tasks, sc, dot)
+        self.run_generic(tasks, sc, dot, |q, ks| ks.map(|k| dot(q, k)))
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_avx2(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
         // SAFETY: this function is only entered when avx2 and fma are available.
-        self.run_generic(tasks, sc, |a, b| unsafe { dot_avx2(a, b) })
+        self.run_generic(tasks, sc, |a, b| unsafe { dot_avx2(a, b) }, |q, ks| unsafe { dot8_avx2(q, ks) })
     }
 
+    /// The attention tasks, with `dot` a dot product and `dot8` eight of them against one query (each
+    /// bit-identical to `dot`).
     #[inline(always)]
-    fn run_generic(&self, tasks: std::ops::Range<usize>, sc: &mut [f32], dot: impl Fn(&[f32], &[f32]) -> f32) {
+    fn run_generic(
+        &self,
+        tasks: std::ops::Range<usize>,
+        sc: &mut [f32],
+        dot: impl Fn(&[f32], &[f32]) -> f32,
+        dot8: impl Fn(&[f32], [&[f32]; 8]) -> [f32; 8],
+    ) {
         let Attention {
             q,
             kc,
@@ -580,10 +589,15 @@ impl Attention<'_> {
             let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(j * att_d + h * hdv), hdv) };
             out.fill(0.0);
             if f16_path {
-                // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel).
-                let (mut m_max, mut sum) = (f32::NEG_INFINITY, 0f32);
-                for s in 0..total {
-                    let visible = if s < base {
+                // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel), in three
+                // passes with exactly its sequence of operations: (1) every visible position's score, (2) in
+                // order, the running maximum and the factors it implies (`ms` rescales the accumulator when the
+                // maximum grows, `vs` weighs the position's V), (3) the f16 accumulation. The exps run in their
+                // own loop, so the vector loop (3) makes no calls.
+                let (scores, rest) = sc.split_at_mut(total);
+                let (rescale, weight) = rest.split_at_mut(total);
+                let visible = |s: usize| {
+                    (if s < base {
                         true
                     } else {
                         let m = s - base;
@@ -591,16 +605,43 @@ impl Attention<'_> {
                             Mask::Causal => m <= j,
                             Mask::Allowed(a) => a[j * n + m],
                         }
-                    } && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64);
-                    if !visible {
+                    }) && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64)
+                };
+                let krow = |s: usize| &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd];
+                // Eight positions at a time (their dot products' reductions interleave), the rest one by one.
+                let mut s0 = 0;
+                while s0 < total {
+                    let len = (total - s0).min(8);
+                    let mut vis = [false; 8];
+                    let mut any = false;
+                    for i in 0..len {
+                        vis[i] = visible(s0 + i);
+                        any |= vis[i];
+                    }
+                    if len == 8 && any {
+                        let d = dot8(qv, std::array::from_fn(|i| krow(s0 + i)));
+                        for i in 0..8 {
+                            scores[s0 + i] = if vis[i] { d[i] * scale } else { f32::NEG_INFINITY };
+                        }
+                    } else {
+                        for i in 0..len {
+                            scores[s0 + i] = if vis[i] { dot(qv, krow(s0 + i)) * scale } else { f32::NEG_INFINITY };
+                        }
+                    }
+                    s0 += len;
+                }
+                let (mut m_max, mut sum) = (f32::NEG_INFINITY, 0f32);
+                for s in 0..total {
+                    let sv = scores[s];
+                    if sv == f32::NEG_INFINITY {
                         continue;
                     }
-                    let sv = dot(qv, &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd]) * scale;
-                    let (mut ms, mut vs) = (1f32, 1f32);
+                    // rescale < 0: no rescaling at this position.
+                    let (mut ms, mut vs, mut r) = (1f32, 1f32, -1f32);
                     if sv > m_max {
                         if m_max != f32::NEG_INFINITY {
                             ms = (m_max - sv).exp();
-                            scale_f16(ms, out);
+                            r = ms;
                         } else {
                             ms = 0.0;
                         }
@@ -608,13 +649,24 @@ impl Attention<'_> {
                     } else {
                         vs = (sv - m_max).exp();
                     }
-                    axpy_f16(vs, &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
+                    rescale[s] = r;
+                    weight[s] = vs;
                     sum = sum * ms + vs;
+                }
+                for s in 0..total {
+                    if scores[s] == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    if rescale[s] >= 0.0 {
+                        scale_f16(rescale[s], out);
+                    }
+                    axpy_f16(weight[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
                 }
                 let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                 out.iter_mut().for_each(|v| *v *= inv);
                 continue;
             }
+            let sc = &mut sc[..total];
             for s in 0..total {
                 let visible = if s < base {
                     true
@@ -641,6 +693,58 @@ impl Attention<'_> {
     }
 }
 
+/// [`dot_avx2`] of one query `q` with eight keys, bit-identical to eight calls: the same lane accumulators
+/// (multiply, then add), then the eight reductions at once (an 8 × 8 transpose, and the lanes added in the same
+/// order `((l0 + l1) + l2) + …`), then the same scalar tail. Eight independent accumulation chains instead of
+/// one keep the adder busy.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot8_avx2(q: &[f32], ks: [&[f32]; 8]) -> [f32; 8] {
+    use std::arch::x86_64::*;
+    let len = ks.iter().fold(q.len(), |m, k| m.min(k.len()));
+    let chunks = q.len() / 8;
+    assert!(chunks * 8 <= len);
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for c in 0..chunks {
+        // SAFETY: c * 8 + 8 <= len for q and every key (asserted above).
+        let x = unsafe { _mm256_loadu_ps(q.as_ptr().add(c * 8)) };
+        for (acc, k) in acc.iter_mut().zip(&ks) {
+            let y = unsafe { _mm256_loadu_ps(k.as_ptr().add(c * 8)) };
+            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, y));
+        }
+    }
+    // Transpose: t[l] holds lane l of the eight accumulators.
+    let (u0, u1) = (_mm256_unpacklo_ps(acc[0], acc[1]), _mm256_unpackhi_ps(acc[0], acc[1]));
+    let (u2, u3) = (_mm256_unpacklo_ps(acc[2], acc[3]), _mm256_unpackhi_ps(acc[2], acc[3]));
+    let (u4, u5) = (_mm256_unpacklo_ps(acc[4], acc[5]), _mm256_unpackhi_ps(acc[4], acc[5]));
+    let (u6, u7) = (_mm256_unpacklo_ps(acc[6], acc[7]), _mm256_unpackhi_ps(acc[6], acc[7]));
+    let (v0, v1) = (_mm256_shuffle_ps::<0x44>(u0, u2), _mm256_shuffle_ps::<0xEE>(u0, u2));
+    let (v2, v3) = (_mm256_shuffle_ps::<0x44>(u1, u3), _mm256_shuffle_ps::<0xEE>(u1, u3));
+    let (v4, v5) = (_mm256_shuffle_ps::<0x44>(u4, u6), _mm256_shuffle_ps::<0xEE>(u4, u6));
+    let (v6, v7) = (_mm256_shuffle_ps::<0x44>(u5, u7), _mm256_shuffle_ps::<0xEE>(u5, u7));
+    let t = [
+        _mm256_permute2f128_ps::<0x20>(v0, v4),
+        _mm256_permute2f128_ps::<0x20>(v1, v5),
+        _mm256_permute2f128_ps::<0x20>(v2, v6),
+        _mm256_permute2f128_ps::<0x20>(v3, v7),
+        _mm256_permute2f128_ps::<0x31>(v0, v4),
+        _mm256_permute2f128_ps::<0x31>(v1, v5),
+        _mm256_permute2f128_ps::<0x31>(v2, v6),
+        _mm256_permute2f128_ps::<0x31>(v3, v7),
+    ];
+    let sum = t[1..].iter().fold(t[0], |s, &l| _mm256_add_ps(s, l));
+    let mut out = [0f32; 8];
+    // SAFETY: `out` holds 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
+    for (o, k) in out.iter_mut().zip(&ks) {
+        for i in chunks * 8..q.len() {
+            *o += q[i] * k[i];
+        }
+    }
+    out
+}
+
 /// [`dot`] with explicit AVX2 vectors: the same eight lane accumulators (multiply, then add; no FMA) and
 /// the same final summation order, so the result is bit-identical.
 #[cfg(target_arch = "x86_64")]
@@ -665,4 +769,36 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         sum += a[i] * b[i];
     }
     sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batched attention dot products equal one-by-one ones bit for bit (the same sums in the same order),
+    /// with and without a scalar tail, and equal the portable `dot`.
+    #[test]
+    fn eight_dot_products_at_once_are_bit_identical() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            let mut state = 0x2545_f491_4f6c_dd1du64;
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 22) as f32 - 2.0
+            };
+            for len in [64, 72, 29, 8] {
+                let q: Vec<f32> = (0..len).map(|_| next()).collect();
+                let keys: Vec<Vec<f32>> = (0..8).map(|_| (0..len).map(|_| next() * 1e3).collect()).collect();
+                // SAFETY: the CPU has avx2 and fma (checked above).
+                let got = unsafe { dot8_avx2(&q, std::array::from_fn(|i| &keys[i][..])) };
+                for (g, k) in got.iter().zip(&keys) {
+                    let one = unsafe { dot_avx2(&q, k) };
+                    assert_eq!(g.to_bits(), one.to_bits(), "len {len}: {g} vs {one}");
+                    assert_eq!(g.to_bits(), dot(&q, k).to_bits(), "len {len}");
+                }
+            }
+        }
+    }
 }
