@@ -5,14 +5,14 @@
 //! float additions differs. Measured on the 2-core AVX2 machine (`cargo bench -p kernels --bench matmul`,
 //! 2048 × 640, 2 threads, weights in cache): one row 42–47 µs as Q8_0 vs 75–77 µs as Q5_0, eight rows 152 vs
 //! 167 µs. The Q5_0 kernel spends its time spreading the fifth bits; streaming 55% more bytes costs less.
-
 //!
 //! Q4_0/Q4_1/Q4_K → the same type interleaved by 8 rows ([`interleave8`]): the same bytes in another order, so
 //! that one 32-byte register holds four consecutive values of eight weight rows; the kernels then compute eight
 //! rows' block sums in the eight lanes of one register (no horizontal sums, one scale multiply per block and
 //! activation row instead of one per row). Same numbers. Measured (`cargo bench -p kernels --bench
 //! matmul -- multirow`, Q4_1 1536 × 576, weights in cache): one thread 50 → 20 µs for one activation row, 171 →
-//! 109 µs for eight; SmolLM2 prefill 1.5× (`specee bench` with and without `SPECEE_REPACK=0`).
+//! 109 µs for eight; SmolLM2 prefill 1.6×, decode 1.2× (medians of 3 paired `specee bench -p 128 -n 128` runs with
+//! and without `SPECEE_REPACK=0`).
 
 use crate::blocks::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, QK};
 use gguf::GgmlType;
