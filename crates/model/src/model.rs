@@ -588,6 +588,20 @@ impl Attention<'_> {
             let pj = positions[j];
             let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(j * att_d + h * hdv), hdv) };
             out.fill(0.0);
+            // Whether row j sees cache position s (its own batch causally or by the tree mask, and inside
+            // the sliding window), and the key at s.
+            let visible = |s: usize| {
+                (if s < base {
+                    true
+                } else {
+                    let m = s - base;
+                    match mask {
+                        Mask::Causal => m <= j,
+                        Mask::Allowed(a) => a[j * n + m],
+                    }
+                }) && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64)
+            };
+            let krow = |s: usize| &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd];
             if f16_path {
                 // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel), in three
                 // passes with exactly its sequence of operations: (1) every visible position's score, (2) in
@@ -596,18 +610,6 @@ impl Attention<'_> {
                 // own loop, so the vector loop (3) makes no calls.
                 let (scores, rest) = sc.split_at_mut(total);
                 let (rescale, weight) = rest.split_at_mut(total);
-                let visible = |s: usize| {
-                    (if s < base {
-                        true
-                    } else {
-                        let m = s - base;
-                        match mask {
-                            Mask::Causal => m <= j,
-                            Mask::Allowed(a) => a[j * n + m],
-                        }
-                    }) && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64)
-                };
-                let krow = |s: usize| &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd];
                 // Eight positions at a time (their dot products' reductions interleave), the rest one by one.
                 let mut s0 = 0;
                 while s0 < total {
@@ -668,20 +670,7 @@ impl Attention<'_> {
             }
             let sc = &mut sc[..total];
             for s in 0..total {
-                let visible = if s < base {
-                    true
-                } else {
-                    let m = s - base;
-                    match mask {
-                        Mask::Causal => m <= j,
-                        Mask::Allowed(a) => a[j * n + m],
-                    }
-                } && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64);
-                sc[s] = if visible {
-                    dot(qv, &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd]) * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
+                sc[s] = if visible(s) { dot(qv, krow(s)) * scale } else { f32::NEG_INFINITY };
             }
             softmax_in_place(sc);
             for s in 0..total {
