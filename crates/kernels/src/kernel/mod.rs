@@ -169,7 +169,8 @@ pub(crate) fn self_check(isa: Isa) -> bool {
         state ^= state << 17;
         state
     };
-    let (rows, cols, n_tokens) = (3, 768, 5);
+    // 8 rows, so that the interleaved kernels (groups of 8 rows) run on the same matrices.
+    let (rows, cols, n_tokens) = (8, 768, 5);
     for ty in types {
         let (Some(kind), Some(fast), Some(slow)) = (act_kind(ty), row_kernel(isa, ty), scalar::kernel(ty)) else {
             continue;
@@ -196,48 +197,27 @@ pub(crate) fn self_check(isa: Isa) -> bool {
         buf.reserve(kind, n_tokens, cols);
         buf.quantize_tokens(kind, &x, cols, 0..n_tokens);
         let acts = buf.view(kind, &x, cols);
+        // Both outputs row-major (`[r * n_tokens + j]`), the scalar row kernel's as the reference.
         let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
-        fast(&w, rb, &acts, 0, n_tokens, &mut got);
         slow(&w, rb, &acts, 0, n_tokens, &mut want);
         let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-        if got.iter().zip(&want).any(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale) {
+        let agrees = |got: &[f32]| got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-3 * scale);
+        fast(&w, rb, &acts, 0, n_tokens, &mut got);
+        if !agrees(&got) {
             eprintln!("specee kernels: {} {} kernel disagrees with scalar; not using it", isa.name(), ty.name());
             return false;
         }
-    }
-    // The interleaved kernels against the scalar row kernels on the same matrices.
-    let rows = 16;
-    for (ty, cols, n_tokens) in [(GgmlType::Q4_0, 96, 6), (GgmlType::Q4_1, 96, 6), (GgmlType::Q4_K, 512, 5)] {
-        let (kind, bytes) = (act_kind(ty).unwrap_or(crate::quantize::ActKind::Q8_0), ty.type_size());
-        let rb = cols / ty.block_size() * bytes;
-        let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
-        for block in w.chunks_exact_mut(bytes) {
-            block[0..2].copy_from_slice(&0x2000u16.to_le_bytes());
-            if ty != GgmlType::Q4_0 {
-                block[2..4].copy_from_slice(&0xa000u16.to_le_bytes());
+        if let Some(group) = group_kernel(isa, ty) {
+            // Token-major output: transposed before comparing.
+            let mut tokens_major = vec![0.0f32; rows * n_tokens];
+            group(&crate::repack::interleave8(ty, &w, rows, cols), cols, &acts, 0, n_tokens, &mut tokens_major, rows);
+            let got: Vec<f32> =
+                (0..rows * n_tokens).map(|i| tokens_major[(i % n_tokens) * rows + i / n_tokens]).collect();
+            if !agrees(&got) {
+                let (isa, ty) = (isa.name(), ty.name());
+                eprintln!("specee kernels: {isa} interleaved {ty} kernel disagrees with scalar; not using it");
+                return false;
             }
-        }
-        let x: Vec<f32> = (0..n_tokens * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
-        let mut buf = ActBuffers::default();
-        buf.reserve(kind, n_tokens, cols);
-        buf.quantize_tokens(kind, &x, cols, 0..n_tokens);
-        let acts = buf.view(kind, &x, cols);
-        let (Some(fast), Some(slow)) = (group_kernel(isa, ty), scalar::kernel(ty)) else { continue };
-        let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
-        fast(&crate::repack::interleave8(ty, &w, rows, cols), cols, &acts, 0, n_tokens, &mut got, rows);
-        slow(&w, rb, &acts, 0, n_tokens, &mut want);
-        let scale = want.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-        let bad = |r: usize, j: usize| {
-            let (g, w) = (got[j * rows + r], want[r * n_tokens + j]);
-            (g - w).abs().is_nan() || (g - w).abs() > 1e-3 * scale
-        };
-        if (0..rows).any(|r| (0..n_tokens).any(|j| bad(r, j))) {
-            eprintln!(
-                "specee kernels: {} interleaved {} kernel disagrees with scalar; not using it",
-                isa.name(),
-                ty.name()
-            );
-            return false;
         }
     }
     true
