@@ -324,7 +324,12 @@ fn proposers_get_the_targets_feature_rows_of_every_cached_token() {
     let prompt = PROMPTS[0];
     let dense = dense_greedy(&model, prompt, 20, 1);
     let reference: Vec<u32> = prompt.iter().chain(&dense).copied().collect();
-    for source in [FeatureSource::FinalNorm, FeatureSource::LayerInputs(vec![layers, 0])] {
+    let sources = [
+        FeatureSource::FinalNorm,
+        FeatureSource::LayerInputs(vec![layers, 0]),
+        FeatureSource::FinalNormAnd(vec![0, layers]),
+    ];
+    for source in sources {
         let seen = Rc::new(RefCell::new((Vec::new(), Vec::new(), 0)));
         let recorder = FeatureRecorder {
             source: source.clone(),
@@ -347,6 +352,7 @@ fn proposers_get_the_targets_feature_rows_of_every_cached_token() {
             let row = |v: &[f32]| v[i * d..(i + 1) * d].to_vec();
             let want = match &source {
                 FeatureSource::FinalNorm => row(&normed),
+                FeatureSource::FinalNormAnd(_) => [row(&normed), row(&embedded), row(&hidden)].concat(),
                 _ => [row(&hidden), row(&embedded)].concat(),
             };
             let w = want.len();

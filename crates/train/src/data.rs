@@ -81,6 +81,11 @@ pub struct DraftData {
     /// Per sequence, where the model's own generated tokens start (its end for texts). Empty in files from
     /// before it existed (then every position counts as generated).
     pub gen_starts: Vec<u32>,
+    /// Floats per row of [`DraftData::aux`] (0: none).
+    pub aux_width: usize,
+    /// Extra feature rows for fused heads, as f16 bits (`tokens.len() × aux_width`): the residual stream entering
+    /// some layers (see [`trace_layer_inputs`]); the last row of each sequence is zero like the features'.
+    pub aux: Vec<u16>,
 }
 
 impl DraftData {
@@ -102,6 +107,14 @@ impl DraftData {
     /// Feature row of position `i`, as f32.
     pub fn feature(&self, i: usize, out: &mut [f32]) {
         for (o, &h) in out.iter_mut().zip(&self.features[i * self.d..(i + 1) * self.d]) {
+            *o = half::f16::from_bits(h).to_f32();
+        }
+    }
+
+    /// Aux row of position `i`, as f32.
+    pub fn aux_row(&self, i: usize, out: &mut [f32]) {
+        let w = self.aux_width;
+        for (o, &h) in out.iter_mut().zip(&self.aux[i * w..(i + 1) * w]) {
             *o = half::f16::from_bits(h).to_f32();
         }
     }
@@ -132,6 +145,9 @@ impl DraftData {
                 other.d, self.d
             )));
         }
+        if self.n_sequences() > 0 && self.aux_width != other.aux_width {
+            return Err(TrainError::Invalid("draft data with and without fused-layer rows cannot be joined".into()));
+        }
         // Files from before `gen_starts` existed count every position as generated: spell that out so the
         // joined data keeps one entry per sequence.
         if self.gen_starts.is_empty() {
@@ -146,6 +162,8 @@ impl DraftData {
         self.seq_starts.extend(other.seq_starts[1..].iter().map(|&s| s + base));
         self.tokens.extend_from_slice(&other.tokens);
         self.features.extend_from_slice(&other.features);
+        self.aux_width = other.aux_width;
+        self.aux.extend_from_slice(&other.aux);
         Ok(())
     }
 
@@ -183,17 +201,18 @@ impl DraftData {
             features: features.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(),
             seq_starts: u32s(get("seq_starts")?.data()),
             gen_starts: st.tensor("gen_starts").map(|t| u32s(t.data())).unwrap_or_default(),
+            ..Default::default()
         })
     }
 }
 
-/// A proposer that drafts nothing but asks for final-norm features: a [`SpeculativeDecoder`] with it decodes
-/// densely and keeps every committed token's feature.
-struct FeaturesOnly;
+/// A proposer that drafts nothing but asks for features: a [`SpeculativeDecoder`] with it decodes densely and
+/// keeps every committed token's feature row.
+struct FeaturesOnly(FeatureSource);
 
 impl Proposer for FeaturesOnly {
     fn feature_source(&self) -> FeatureSource {
-        FeatureSource::FinalNorm
+        self.0.clone()
     }
     fn propose(&mut self, _: &DraftContext<'_>, _: &mut DraftTree) -> Result<(), SpeculativeError> {
         Ok(())
@@ -220,7 +239,13 @@ pub fn collect(
     let model = &engine.model;
     let mut data = DraftData { d: model.config.n_embd, ..Default::default() };
     let ctx = opts.max_input + opts.max_new + 8;
-    let mut dec = SpeculativeDecoder::new(model, ctx, opts.threads, FeaturesOnly, SamplingParams::greedy());
+    let mut dec = SpeculativeDecoder::new(
+        model,
+        ctx,
+        opts.threads,
+        FeaturesOnly(FeatureSource::FinalNorm),
+        SamplingParams::greedy(),
+    );
     for (i, record) in records.iter().enumerate() {
         dec.reset();
         let (mut ids, generate) = match record {
@@ -248,6 +273,55 @@ pub fn collect(
         progress(i + 1, data.tokens.len());
     }
     Ok(data)
+}
+
+/// The residual stream entering each of `layers` at every position of `data` (teacher-forced over its token
+/// sequences, as the feature rows were collected), as [`DraftData::aux`] rows; `progress(done)` after each
+/// sequence.
+pub fn trace_layer_inputs(
+    model: &model::Model,
+    data: &DraftData,
+    layers: &[usize],
+    threads: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<u16>, TrainError> {
+    if let Some(&l) = layers.iter().find(|&&l| l > model.config.n_layers) {
+        return Err(TrainError::Invalid(format!("layer {l} is past the model's {} layers", model.config.n_layers)));
+    }
+    let w = layers.len() * model.config.n_embd;
+    let longest = (0..data.n_sequences()).map(|s| data.sequence(s).len()).max().unwrap_or(0);
+    let source = FeatureSource::LayerInputs(layers.to_vec());
+    let mut dec = SpeculativeDecoder::new(model, longest + 1, threads, FeaturesOnly(source), SamplingParams::greedy());
+    let mut aux = Vec::with_capacity(data.tokens.len() * w);
+    for s in 0..data.n_sequences() {
+        dec.reset();
+        dec.feed(&data.tokens[data.sequence(s)])?;
+        aux.extend(dec.features().iter().map(|&v| half::f16::from_f32(v).to_bits()));
+        aux.resize(data.seq_starts[s + 1] as usize * w, 0);
+        progress(s + 1);
+    }
+    Ok(aux)
+}
+
+/// Writes aux rows ([`trace_layer_inputs`]) for `layers` as safetensors.
+pub fn save_aux(path: &Path, aux: &[u16], rows: usize, layers: &[usize]) -> Result<(), TrainError> {
+    use safetensors::tensor::TensorView;
+    let bytes: Vec<u8> = aux.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let err = |e: safetensors::SafeTensorError| TrainError::Format(e.to_string());
+    let width = aux.len() / rows.max(1);
+    let view = TensorView::new(safetensors::Dtype::F16, vec![rows, width], &bytes).map_err(err)?;
+    let layers = layers.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",");
+    let meta = HashMap::from([("format".to_string(), "specee-draft-aux-1".to_string()), ("layers".into(), layers)]);
+    safetensors::serialize_to_file(vec![("aux", view)], Some(meta), path).map_err(err)
+}
+
+/// Reads aux rows written by [`save_aux`]: `(rows as f16 bits, width)`.
+pub fn load_aux(path: &Path) -> Result<(Vec<u16>, usize), TrainError> {
+    let bytes = std::fs::read(path).map_err(|e| TrainError::Io(path.display().to_string(), e))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| TrainError::Format(e.to_string()))?;
+    let t = st.tensor("aux").map_err(|_| TrainError::Format(format!("{}: no `aux`", path.display())))?;
+    let width = t.shape().get(1).copied().unwrap_or(0);
+    Ok((t.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect(), width))
 }
 
 #[cfg(test)]
@@ -293,8 +367,14 @@ mod tests {
         old.gen_starts.clear();
         old.append(&b).unwrap();
         assert_eq!((old.generated_from(0), old.generated_from(1), old.generated_from(2)), (0, 5, 5));
-        let wide =
-            DraftData { d: 3, tokens: vec![1], features: vec![0; 3], seq_starts: vec![0, 1], gen_starts: vec![0] };
+        let wide = DraftData {
+            d: 3,
+            tokens: vec![1],
+            features: vec![0; 3],
+            seq_starts: vec![0, 1],
+            gen_starts: vec![0],
+            ..Default::default()
+        };
         assert!(matches!(joined.append(&wide), Err(TrainError::Invalid(_))));
     }
 

@@ -14,6 +14,8 @@ pub struct HeadShape {
     pub d: usize,
     pub ff: usize,
     pub vocab: usize,
+    /// Fused layer-input rows besides the final-normed feature (0: an unfused EAGLE-1-style head).
+    pub aux: usize,
 }
 
 /// Trainable parameters, in file order.
@@ -28,6 +30,9 @@ pub struct HeadNet {
     pub up: Var,
     pub down: Var,
     pub lm_head: Var,
+    /// With [`HeadShape::aux`] > 0: the RMS-norm weights of the aux rows (`aux·d`) and the fusion
+    /// `[d, (1 + aux)·d]` that maps `[feature ; normed aux rows]` to the first step's feature.
+    pub fuse: Option<(Var, Var)>,
 }
 
 /// Tensor names in the head file, matching [`HeadNet::vars`].
@@ -47,6 +52,9 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
 }
 
+/// Tensor names of the fusion, matching [`HeadNet::fuse`].
+pub const FUSE_NAMES: [&str; 2] = ["fuse_norm.weight", "fuse.weight"];
+
 /// Outputs of one draft step.
 pub struct StepOut {
     /// Predicted features `[B, d]`.
@@ -61,7 +69,7 @@ impl HeadNet {
     /// untrained head already predicts "the feature stays", a sane start.
     pub fn new(shape: HeadShape, eps: f64, head_rows: &[f32], seed: u64) -> Result<HeadNet, TrainError> {
         let dev = Device::Cpu;
-        let HeadShape { d, ff, vocab } = shape;
+        let HeadShape { d, ff, vocab, aux } = shape;
         let mut rng = Lcg(seed);
         let mut fc = vec![0f32; d * 2 * d];
         for r in 0..d {
@@ -86,15 +94,47 @@ impl HeadNet {
             up: t(up, &[ff, d])?,
             down: t(vec![0.0; d * ff], &[d, ff])?,
             lm_head: t(head_rows.to_vec(), &[vocab, d])?,
+            // The fusion starts as "the feature alone" (identity on it, zero on the aux rows), so a fresh fused
+            // head computes what a fresh unfused one does.
+            fuse: if aux == 0 {
+                None
+            } else {
+                let w = (1 + aux) * d;
+                let fuse = (0..d * w).map(|i| if i % w == i / w { 1.0 } else { 0.0 }).collect();
+                Some((t(vec![1.0; aux * d], &[aux * d])?, t(fuse, &[d, w])?))
+            },
         })
+    }
+
+    /// The first step's input feature: the target's final-normed feature `feat` `[B, d]` fused with its aux rows
+    /// `aux` `[B, aux·d]` (each RMS-normed); `feat` itself for an unfused head.
+    pub fn fuse(&self, feat: &Tensor, aux: Option<&Tensor>) -> candle_core::Result<Tensor> {
+        let (Some((norm, w)), Some(aux)) = (&self.fuse, aux) else { return Ok(feat.clone()) };
+        let (b, d) = (feat.dim(0)?, self.shape.d);
+        let k = self.shape.aux;
+        let rows = aux.reshape((b, k, d))?;
+        let ms = rows.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = rows.broadcast_div(&(ms + self.eps)?.sqrt()?)?.reshape((b, k * d))?.broadcast_mul(norm)?;
+        Tensor::cat(&[feat, &normed], 1)?.matmul(&w.t()?)
     }
 
     /// The parameters, in [`NAMES`] order.
     pub fn vars(&self) -> Vec<Var> {
-        [&self.emb_norm, &self.fc_w, &self.fc_b, &self.mlp_norm, &self.gate, &self.up, &self.down, &self.lm_head]
-            .into_iter()
-            .cloned()
-            .collect()
+        let mut vars: Vec<Var> =
+            [&self.emb_norm, &self.fc_w, &self.fc_b, &self.mlp_norm, &self.gate, &self.up, &self.down, &self.lm_head]
+                .into_iter()
+                .cloned()
+                .collect();
+        if let Some((norm, w)) = &self.fuse {
+            vars.extend([norm.clone(), w.clone()]);
+        }
+        vars
+    }
+
+    /// Tensor names of [`HeadNet::vars`], in order.
+    fn names(&self) -> Vec<&'static str> {
+        let fused = if self.fuse.is_some() { &FUSE_NAMES[..] } else { &[] };
+        NAMES.iter().chain(fused).copied().collect()
     }
 
     /// One step: embeddings `emb` `[B, d]` (the target's, raw) and input features `feat` `[B, d]`.
@@ -123,7 +163,7 @@ impl HeadNet {
         metadata.insert("format".into(), FORMAT.into());
         metadata.insert("rms_eps".into(), self.eps.to_string());
         let mut blobs: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        for (name, var) in NAMES.iter().zip(self.vars()) {
+        for (name, var) in self.names().into_iter().zip(self.vars()) {
             let t = var.as_tensor().to_dtype(dtype)?;
             let dims = t.dims().to_vec();
             let flat = t.flatten_all()?;
@@ -154,7 +194,7 @@ impl HeadNet {
         let bytes = std::fs::read(path).map_err(|e| TrainError::Io(path.display().to_string(), e))?;
         let head = decode::speculative::DraftHead::from_bytes(&bytes).map_err(|e| TrainError::Format(e.to_string()))?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| TrainError::Format(e.to_string()))?;
-        for (name, var) in NAMES.iter().zip(self.vars()) {
+        for (name, var) in self.names().into_iter().zip(self.vars()) {
             let view = st.tensor(name).map_err(|e| TrainError::Format(e.to_string()))?;
             if view.shape() != var.dims() {
                 return Err(TrainError::Format(format!(

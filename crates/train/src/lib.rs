@@ -69,6 +69,9 @@ pub struct TrainOptions {
     pub checkpoint: PathBuf,
     /// Show progress bars.
     pub progress: bool,
+    /// Layers whose inputs the head fuses with the final-normed feature (EAGLE-3 style; empty: EAGLE-1 style).
+    /// The data must carry them as aux rows ([`data::trace_layer_inputs`]).
+    pub fuse_layers: Vec<usize>,
 }
 
 /// Held-out acceptance of a head, teacher-forced at the first step, on the positions whose predicted token the
@@ -162,6 +165,8 @@ impl EmbTable {
 /// One batch, step-major.
 struct Batch {
     feat0: Tensor,
+    /// The first positions' aux rows `[B, aux_width]` (fused heads).
+    aux0: Option<Tensor>,
     emb: Vec<Tensor>,
     target: Vec<Tensor>,
     label: Vec<Tensor>,
@@ -181,8 +186,19 @@ fn make_batch(
     for (r, &i) in positions.iter().enumerate() {
         data.feature(i as usize, &mut feat0[r * d..(r + 1) * d]);
     }
+    let aux0 = if data.aux_width > 0 {
+        let w = data.aux_width;
+        let mut aux = vec![0f32; b * w];
+        for (r, &i) in positions.iter().enumerate() {
+            data.aux_row(i as usize, &mut aux[r * w..(r + 1) * w]);
+        }
+        Some(Tensor::from_vec(aux, (b, w), &dev)?)
+    } else {
+        None
+    };
     let mut batch = Batch {
         feat0: Tensor::from_vec(feat0, (b, d), &dev)?,
+        aux0,
         emb: Vec::new(),
         target: Vec::new(),
         label: Vec::new(),
@@ -226,7 +242,7 @@ fn smooth_l1(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 
 /// Runs the head over `steps` unrolled steps; returns the loss and, per step, the logits.
 fn unroll(net: &HeadNet, batch: &Batch, steps: usize, reg_weight: f64) -> candle_core::Result<(Tensor, Vec<Tensor>)> {
-    let mut feat = batch.feat0.clone();
+    let mut feat = net.fuse(&batch.feat0, batch.aux0.as_ref())?;
     let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
     let mut all_logits = Vec::new();
     for k in 0..steps {
@@ -315,10 +331,24 @@ pub fn train_draft(
             train.d, heldout.d
         )));
     }
+    let aux_width = opts.fuse_layers.len() * d;
+    if train.aux_width != aux_width || heldout.aux_width != aux_width {
+        return Err(TrainError::Invalid(format!(
+            "the head fuses {} layer inputs ({aux_width} floats) but the data carries {} / {} aux floats per row",
+            opts.fuse_layers.len(),
+            train.aux_width,
+            heldout.aux_width
+        )));
+    }
+    // The fused layers, which every file of the head (checkpoints too) must name.
+    let fuse_meta: Option<(String, String)> = (!opts.fuse_layers.is_empty()).then(|| {
+        let layers: Vec<String> = opts.fuse_layers.iter().map(|l| l.to_string()).collect();
+        ("fuse_layers".to_string(), layers.join(","))
+    });
     let start = Instant::now();
     let vocab = draft_vocabulary(train, opts.vocab);
     let t2d: HashMap<u32, u32> = vocab.iter().enumerate().map(|(j, &t)| (t, j as u32)).collect();
-    let shape = HeadShape { d, ff: opts.ff, vocab: vocab.len() };
+    let shape = HeadShape { d, ff: opts.ff, vocab: vocab.len(), aux: opts.fuse_layers.len() };
     let mut head_rows = vec![0f32; vocab.len() * d];
     for (j, &t) in vocab.iter().enumerate() {
         model.head_row(t, &mut head_rows[j * d..(j + 1) * d])?;
@@ -398,7 +428,8 @@ pub fn train_draft(
             acc.chain_tau(4),
             start.elapsed().as_secs_f64()
         );
-        let ckpt_meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
+        let mut ckpt_meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
+        ckpt_meta.extend(fuse_meta.clone());
         net.save(&opts.checkpoint, &vocab, DType::F32, ckpt_meta)?;
     }
     let report = TrainReport {
@@ -408,6 +439,7 @@ pub fn train_draft(
         seconds: start.elapsed().as_secs_f64(),
     };
     metadata.insert("epochs".into(), opts.epochs.to_string());
+    metadata.extend(fuse_meta);
     metadata.insert("train_positions".into(), positions.len().to_string());
     metadata.insert("heldout_top1".into(), format!("{:.4}", last.top1));
     metadata.insert("heldout_top3".into(), format!("{:.4}", last.top3));
@@ -475,11 +507,32 @@ mod tests {
         data
     }
 
+    /// Aux rows of noise for `layers` (their values do not matter to these tests, only that both sides read them).
+    fn with_noise_aux(mut data: DraftData, layers: usize, seed: u64) -> DraftData {
+        let mut rng = Lcg(seed);
+        data.aux_width = layers * data.d;
+        data.aux =
+            (0..data.tokens.len() * data.aux_width).map(|_| half::f16::from_f32(rng.normal()).to_bits()).collect();
+        data
+    }
+
     #[test]
     fn training_learns_resumes_and_writes_the_head_inference_runs() {
+        train_resume_and_compare(&[]);
+    }
+
+    #[test]
+    fn fused_heads_train_and_run_as_trained() {
+        train_resume_and_compare(&[1, 3]);
+    }
+
+    fn train_resume_and_compare(fuse: &[usize]) {
         let model = model::testing::tiny_model("llama", None, 3, 64);
-        let (train, heldout) = (synthetic(&model, 40, 24, 1), synthetic(&model, 8, 24, 2));
-        let dir = std::env::temp_dir().join(format!("specee-train-draft-{}", std::process::id()));
+        let (mut train, mut heldout) = (synthetic(&model, 40, 24, 1), synthetic(&model, 8, 24, 2));
+        if !fuse.is_empty() {
+            (train, heldout) = (with_noise_aux(train, fuse.len(), 3), with_noise_aux(heldout, fuse.len(), 4));
+        }
+        let dir = std::env::temp_dir().join(format!("specee-train-draft-{}-{}", std::process::id(), fuse.len()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("head.safetensors");
         let opts = TrainOptions {
@@ -495,7 +548,15 @@ mod tests {
             eval_positions: 1000,
             checkpoint: dir.join("head.ckpt.safetensors"),
             progress: false,
+            fuse_layers: fuse.to_vec(),
         };
+        // Data without the aux rows the head fuses is refused.
+        let bare = DraftData { aux_width: 0, aux: Vec::new(), ..heldout.clone() };
+        let wrong = if fuse.is_empty() { with_noise_aux(bare, 1, 5) } else { bare };
+        assert!(matches!(
+            train_draft(&model, &train, &wrong, &out, &opts, HashMap::new()),
+            Err(TrainError::Invalid(_))
+        ));
         let report = train_draft(&model, &train, &heldout, &out, &opts, HashMap::new()).unwrap();
         assert_eq!(report.epochs_run, 3);
         assert!(report.heldout.top1 > 0.9, "held-out top-1 {}", report.heldout.top1);
@@ -506,27 +567,49 @@ mod tests {
 
         // The written file, run by the inference code (F16 weights, Q8_0 kernels), agrees with the trained
         // network (the F32 checkpoint in candle) on the next token.
-        let head = DraftHead::load(&out).unwrap();
+        let mut head = DraftHead::load(&out).unwrap();
         head.check_fits(&model).unwrap();
         let vocab = draft_vocabulary(&train, 64);
-        let shape = HeadShape { d: 32, ff: 64, vocab: vocab.len() };
+        let shape = HeadShape { d: 32, ff: 64, vocab: vocab.len(), aux: fuse.len() };
         let net = HeadNet::new(shape, model.config.rms_eps as f64, &vec![0.0; vocab.len() * 32], 9).unwrap();
-        net.load_into(&opts.checkpoint).unwrap();
+        let (meta, _) = net.load_into(&opts.checkpoint).unwrap();
+        if let Some((norm, w)) = &net.fuse {
+            // Noise taught the fusion to ignore the aux rows: give it random weights, so that the comparison
+            // below depends on both sides reading and norming them alike.
+            let mut rng = Lcg(7);
+            let mut random = |v: &candle_core::Var, scale: f32| {
+                let values: Vec<f32> = (0..v.elem_count()).map(|_| rng.normal() * scale).collect();
+                v.set(&Tensor::from_vec(values, v.dims(), &Device::Cpu).unwrap()).unwrap();
+            };
+            random(norm, 1.0);
+            random(w, 0.2);
+            let path = dir.join("randomized.safetensors");
+            net.save(&path, &vocab, DType::F32, meta).unwrap();
+            head = DraftHead::load(&path).unwrap();
+        }
         let rows: Vec<usize> = (0..heldout.tokens.len() - 1).filter(|i| (i + 1) % 24 != 0).take(64).collect();
         let tokens: Vec<u32> = rows.iter().map(|&i| heldout.tokens[i + 1]).collect();
-        let mut feats = vec![0f32; rows.len() * 32];
-        rows.iter().enumerate().for_each(|(r, &i)| heldout.feature(i, &mut feats[r * 32..(r + 1) * 32]));
-        let (mut out_feat, mut logits) = (Vec::new(), Vec::new());
-        let pool = kernels::ThreadPool::new(1);
-        head.forward(&model, &tokens, &feats, &pool, &mut DraftScratch::default(), &mut out_feat, &mut logits).unwrap();
+        // Feature rows as the decoder hands them over: the final-normed feature, then the aux rows.
+        let (m, aw) = (rows.len(), heldout.aux_width);
+        let (mut feats, mut aux) = (vec![0f32; m * 32], vec![0f32; m * aw]);
+        let mut target_rows = Vec::new();
+        for (r, &i) in rows.iter().enumerate() {
+            heldout.feature(i, &mut feats[r * 32..(r + 1) * 32]);
+            heldout.aux_row(i, &mut aux[r * aw..(r + 1) * aw]);
+            target_rows.extend_from_slice(&feats[r * 32..(r + 1) * 32]);
+            target_rows.extend_from_slice(&aux[r * aw..(r + 1) * aw]);
+        }
+        let (mut input, mut out_feat, mut logits) = (Vec::new(), Vec::new(), Vec::new());
+        let (pool, mut scratch) = (kernels::ThreadPool::new(1), DraftScratch::default());
+        head.first_input(&target_rows, m, &pool, &mut scratch, &mut input);
+        head.forward(&model, &tokens, &input, &pool, &mut scratch, &mut out_feat, &mut logits).unwrap();
         let mut emb = vec![0f32; tokens.len() * 32];
         model.embed(&tokens, &mut emb).unwrap();
         let dev = Device::Cpu;
+        let aux = (aw > 0).then(|| Tensor::from_vec(aux, (m, aw), &dev).unwrap());
+        let fused = net.fuse(&Tensor::from_vec(feats, (m, 32), &dev).unwrap(), aux.as_ref()).unwrap();
         let want = net
-            .step(
-                &Tensor::from_vec(emb, (tokens.len(), 32), &dev).unwrap(),
-                &Tensor::from_vec(feats, (tokens.len(), 32), &dev).unwrap(),
-            )
+            .step(&Tensor::from_vec(emb, (tokens.len(), 32), &dev).unwrap(), &fused)
             .unwrap()
             .logits
             .to_vec2::<f32>()

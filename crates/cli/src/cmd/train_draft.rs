@@ -13,7 +13,7 @@ use super::{sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use train::data::{collect, read_records, CollectOptions, DraftData};
+use train::data::{collect, load_aux, read_records, save_aux, trace_layer_inputs, CollectOptions, DraftData};
 use train::TrainOptions;
 
 #[derive(clap::Args, Debug)]
@@ -53,8 +53,46 @@ pub struct Args {
     pub reg_weight: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Layers whose inputs the head fuses with the final-normed feature, EAGLE-3 style (e.g. `2,15`; empty:
+    /// EAGLE-1 style). Traced over the collected data once and cached beside it.
+    #[arg(long, value_delimiter = ',')]
+    pub fuse_layers: Vec<usize>,
     #[command(flatten)]
     pub collect: CollectArgs,
+}
+
+/// Adds the aux rows of `layers` to `data` (collected into `cache`), tracing them on the first use.
+fn with_aux(
+    engine: &engine::Engine,
+    mut data: DraftData,
+    cache: &Path,
+    layers: &[usize],
+    threads: usize,
+) -> anyhow::Result<DraftData> {
+    if layers.is_empty() {
+        return Ok(data);
+    }
+    let tag: Vec<String> = layers.iter().map(|l| l.to_string()).collect();
+    let aux_cache = cache.with_extension(format!("aux-{}.safetensors", tag.join("-")));
+    let width = layers.len() * data.d;
+    let aux = if aux_cache.exists() {
+        let (aux, w) = load_aux(&aux_cache).with_context(|| format!("reading {}", aux_cache.display()))?;
+        anyhow::ensure!(
+            w == width && aux.len() == data.tokens.len() * w,
+            "{} does not fit its data",
+            aux_cache.display()
+        );
+        aux
+    } else {
+        let bar = train::progress_bar(true, data.n_sequences() as u64, &format!("tracing layers {}", tag.join(",")));
+        let aux = trace_layer_inputs(&engine.model, &data, layers, threads, |s| bar.set_position(s as u64))?;
+        bar.finish_and_clear();
+        save_aux(&aux_cache, &aux, data.tokens.len(), layers)?;
+        aux
+    };
+    data.aux_width = width;
+    data.aux = aux;
+    Ok(data)
 }
 
 fn collect_cached(
@@ -115,9 +153,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = a.collect.options(a.model.threads());
     let mut train_data = DraftData::default();
     for (path, cache) in a.data.iter().zip(&caches) {
-        train_data.append(&collect_cached(&engine, path, cache, opts, a.collect.limit)?)?;
+        let data = collect_cached(&engine, path, cache, opts, a.collect.limit)?;
+        train_data.append(&with_aux(&engine, data, cache, &a.fuse_layers, opts.threads)?)?;
     }
-    let heldout = collect_cached(&engine, &a.heldout, &sibling(&a.out, "heldout-data.safetensors"), opts, 0)?;
+    let heldout_cache = sibling(&a.out, "heldout-data.safetensors");
+    let heldout = collect_cached(&engine, &a.heldout, &heldout_cache, opts, 0)?;
+    let heldout = with_aux(&engine, heldout, &heldout_cache, &a.fuse_layers, opts.threads)?;
     if a.epochs == 0 {
         eprintln!("--epochs 0: data collected ({} training tokens), no head trained", train_data.tokens.len());
         return Ok(());
@@ -135,6 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eval_positions: 4000,
         checkpoint: sibling(&a.out, "ckpt.safetensors"),
         progress: true,
+        fuse_layers: a.fuse_layers.clone(),
     };
     let base = a.model.model.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
     let metadata = HashMap::from([

@@ -20,7 +20,7 @@ use super::predictor::{features, ExitPredictors, CANDIDATES};
 use super::schedule::Scheduler;
 use crate::sampling::argmax;
 use crate::speculative::eagle::{top_k_indices, DraftScratch};
-use crate::speculative::{DraftHead, SpeculativeError};
+use crate::speculative::{DraftHead, FeatureSource, SpeculativeError};
 use model::{KvCache, Logits, Mask, Model, Workspace};
 use std::time::{Duration, Instant};
 
@@ -193,8 +193,15 @@ pub struct SpecEeDecoder<'m> {
     hidden: Vec<f32>,
     normed: Vec<f32>,
     logits: Vec<f32>,
-    /// Normed hidden state at the exit layer of the last token run (the draft head's next input).
+    /// The draft head's feature row ([`DraftHead::feature_source`]) of the last token run: the normed hidden
+    /// state at its exit layer (and a fused head's layer inputs; a layer the token never reached gets the exit
+    /// state).
     feature: Vec<f32>,
+    /// The row being filled by the running step.
+    feature_next: Vec<f32>,
+    /// The head's first-step input made from `feature`.
+    draft_in: Vec<f32>,
+    source: FeatureSource,
     tokens: Vec<u32>,
     stats: SpecEeStats,
     pending: Vec<Pending>,
@@ -233,6 +240,9 @@ impl<'m> SpecEeDecoder<'m> {
             normed: Vec::new(),
             logits: Vec::new(),
             feature: Vec::new(),
+            feature_next: Vec::new(),
+            draft_in: Vec::new(),
+            source: head.feature_source(),
             tokens: Vec::new(),
             stats: SpecEeStats::default(),
             pending: Vec::new(),
@@ -293,12 +303,16 @@ impl<'m> SpecEeDecoder<'m> {
             return Err(SpeculativeError::EmptyContext);
         }
         let d = self.model.config.n_embd;
-        let logits = self.model.forward(tokens, &mut self.kv, &mut self.ws, &mut self.hidden, Logits::Last)?;
+        let (n, source, row) = (tokens.len(), &self.source, &mut self.feature);
+        row.resize(source.width(d), 0.0);
+        let observe = |il: usize, h: &[f32]| source.capture_layer_input(il, &h[(n - 1) * d..], row, d);
+        let logits =
+            self.model.forward_observed(tokens, &mut self.kv, &mut self.ws, &mut self.hidden, Logits::Last, observe)?;
         self.logits.clear();
         self.logits.extend_from_slice(logits);
-        let n = tokens.len();
-        self.feature.resize(d, 0.0);
-        self.model.final_norm(&self.hidden[(n - 1) * d..n * d], &mut self.feature);
+        self.normed.resize(d, 0.0);
+        self.model.final_norm(&self.hidden[(n - 1) * d..n * d], &mut self.normed);
+        self.source.put_final_norm(&self.normed, &mut self.feature, d);
         self.tokens.extend_from_slice(tokens);
         Ok(argmax(&self.logits))
     }
@@ -323,10 +337,11 @@ impl<'m> SpecEeDecoder<'m> {
         }
         let t0 = Instant::now();
         let pool = self.ws.pool();
+        self.head.first_input(&self.feature, 1, pool, &mut self.draft_scratch, &mut self.draft_in);
         self.head.forward(
             self.model,
             &[token],
-            &self.feature,
+            &self.draft_in,
             pool,
             &mut self.draft_scratch,
             &mut self.draft_out,
@@ -393,7 +408,11 @@ impl<'m> SpecEeDecoder<'m> {
         let mut have_logits = false;
         // Pending rows (deferred policy) carried along with this token, by index into `pending`.
         let mut carried: Vec<usize> = Vec::new();
+        let width = self.source.width(d);
+        self.feature_next.resize(width, 0.0);
+        let mut reached = n_layers;
         for il in 0..n_layers {
+            self.source.capture_layer_input(il, &self.hidden, &mut self.feature_next, d);
             for (i, p) in self.pending.iter().enumerate() {
                 if p.next == il && !carried.contains(&i) {
                     carried.push(i);
@@ -450,6 +469,7 @@ impl<'m> SpecEeDecoder<'m> {
         }
         let (layers, next) = match exit {
             Some((il, t)) => {
+                reached = il + 1;
                 self.scheduler.record_exit(il);
                 self.stats.exits += 1;
                 match self.config.policy {
@@ -481,8 +501,12 @@ impl<'m> SpecEeDecoder<'m> {
         };
         // Rows carried through the last layer are complete.
         self.pending.retain(|p| p.next < n_layers);
-        // The exit layer's normed state is what the draft head reads for the next token.
-        std::mem::swap(&mut self.feature, &mut self.normed);
+        // The exit layer's normed state (and the layer inputs) is what the draft head reads for the next token.
+        for il in reached..=n_layers {
+            self.source.capture_layer_input(il, &self.hidden, &mut self.feature_next, d);
+        }
+        self.source.put_final_norm(&self.normed, &mut self.feature_next, d);
+        std::mem::swap(&mut self.feature, &mut self.feature_next);
         self.tokens.push(token);
         self.stats.tokens += 1;
         self.stats.layers += layers;

@@ -29,7 +29,7 @@ use super::schedule::Scheduler;
 use crate::sampling::argmax;
 use crate::speculative::tree::ROOT;
 use crate::speculative::{
-    DraftContext, DraftHead, DraftTree, EagleProposer, SpeculativeError, SpeculativeStats, TreeConfig,
+    DraftContext, DraftHead, DraftTree, EagleProposer, FeatureSource, SpeculativeError, SpeculativeStats, TreeConfig,
 };
 use model::{KvCache, Mask, Model, ModelError, Workspace};
 use std::sync::Arc;
@@ -110,8 +110,13 @@ pub struct MergedDecoder<'m> {
     threshold: f32,
     /// Committed tokens; all but the last are in the cache (in layer 0, and in the others per the KV policy).
     tokens: Vec<u32>,
-    /// Draft features (normed hidden state at the layer the token's forward stopped) of `tokens[..len - 1]`.
+    /// Draft feature rows ([`DraftHead::feature_source`]: the normed hidden state at the layer the token's
+    /// forward stopped, and a fused head's layer inputs, the stop layer's state standing in for layers never
+    /// reached) of `tokens[..len - 1]`.
     features: Vec<f32>,
+    source: FeatureSource,
+    /// Feature rows of the tree's nodes, filled as the forward goes (`tree.len() × width`).
+    node_features: Vec<f32>,
     tree: DraftTree,
     /// `CANDIDATES` `(token, draft log-prob)` per tree node.
     candidates: Vec<(u32, f32)>,
@@ -151,17 +156,20 @@ impl<'m> MergedDecoder<'m> {
         config: SpecEeConfig,
     ) -> Self {
         let available = predictors.layers.iter().map(Option::is_some).collect();
+        let proposer = EagleProposer::new(head, tree);
         MergedDecoder {
             model,
             kv: model.new_cache(ctx),
             ws: Workspace::new(threads),
-            proposer: EagleProposer::new(head, tree),
+            source: proposer.head().feature_source(),
+            proposer,
             predictors,
             scheduler: Scheduler::new(predictors.schedule.clone(), available, !config.offline_only),
             threshold: config.threshold_for(predictors),
             config,
             tokens: Vec::new(),
             features: Vec::new(),
+            node_features: Vec::new(),
             tree: DraftTree::new(0),
             candidates: Vec::new(),
             nodes: Vec::new(),
@@ -250,13 +258,18 @@ impl<'m> MergedDecoder<'m> {
             self.positions.clear();
             self.positions.extend((0..n as u32).map(|i| start as u32 + i));
             self.carried.clear();
+            let at = self.features.len();
+            self.features.resize(at + n * self.source.width(d), 0.0);
             for il in 0..model.config.n_layers {
+                self.source.capture_layer_input(il, &self.hidden, &mut self.features[at..], d);
                 self.layer(il, false)?;
             }
             self.pending.retain(|p| p.next < model.config.n_layers);
-            let at = self.features.len();
-            self.features.resize(at + n * d, 0.0);
-            model.final_norm(&self.hidden, &mut self.features[at..]);
+            let n_layers = model.config.n_layers;
+            self.source.capture_layer_input(n_layers, &self.hidden, &mut self.features[at..], d);
+            self.normed.resize(n * d, 0.0);
+            model.final_norm(&self.hidden, &mut self.normed);
+            self.source.put_final_norm(&self.normed, &mut self.features[at..], d);
         }
         self.tokens.extend_from_slice(rest);
         self.tokens.push(last);
@@ -310,7 +323,7 @@ impl<'m> MergedDecoder<'m> {
             pool: self.ws.pool(),
             tokens: &self.tokens,
             features: &self.features,
-            feature_width: self.model.config.n_embd,
+            feature_width: self.source.width(self.model.config.n_embd),
             // The EAGLE head reads only the last feature row: it keeps no cache that a stable prefix would save.
             stable_prefix: 0,
         };
@@ -366,7 +379,9 @@ impl<'m> MergedDecoder<'m> {
         self.nodes.resize(t, NodeState::default());
         let have_candidates = self.candidates.len() == t * CANDIDATES;
         self.carried.clear();
+        self.node_features.resize(t * self.source.width(d), 0.0);
         for il in 0..n_layers {
+            self.source.capture_layer_input(il, &self.hidden, &mut self.node_features, d);
             self.layer(il, true)?;
             let last = il + 1 == n_layers;
             let check = self.scheduler.is_active(il) && !(last && self.config.verify == Verify::Full);
@@ -551,9 +566,16 @@ impl<'m> MergedDecoder<'m> {
             self.batch.extend_from_slice(&self.hidden[i * d..(i + 1) * d]);
             self.batch_pos.push((start + self.tree.node(i).depth) as u32);
         }
-        let at = self.features.len();
-        self.features.resize(at + self.path.len() * d, 0.0);
-        model.final_norm(&self.batch, &mut self.features[at..]);
+        let (at, width) = (self.features.len(), self.source.width(d));
+        for &i in &self.path {
+            self.features.extend_from_slice(&self.node_features[i * width..(i + 1) * width]);
+        }
+        for il in stop + 1..=n_layers {
+            self.source.capture_layer_input(il, &self.batch, &mut self.features[at..], d);
+        }
+        self.normed.resize(self.path.len() * d, 0.0);
+        model.final_norm(&self.batch, &mut self.normed);
+        self.source.put_final_norm(&self.normed, &mut self.features[at..], d);
         if stop + 1 < n_layers {
             match self.config.policy {
                 KvPolicy::Missing => {}
@@ -596,7 +618,7 @@ mod tests {
     use super::*;
     use crate::specee::predictor::tests::random_predictors;
     use crate::specee::SpecEeDecoder;
-    use crate::speculative::eagle::tests::random_head_bytes;
+    use crate::speculative::eagle::tests::{random_fused_head_bytes, random_head_bytes};
     use crate::test_util::{dense_greedy, PROMPT};
 
     fn head() -> DraftHead {
@@ -641,9 +663,10 @@ mod tests {
         let model = model::testing::tiny_model("llama", None, 11, 64);
         let n_layers = model.config.n_layers;
         let predictors = random_predictors(n_layers, 16, 3);
-        let h = head();
+        // The fused head reads layer 1's and 2's inputs: tokens exiting at layer 0 or 1 stand in their exit state.
+        let fused = DraftHead::from_bytes(&random_fused_head_bytes(32, 64, 32, 5, &[1, 2])).unwrap();
         let mut checked_exits = 0;
-        for verify in [Verify::Candidates, Verify::Full] {
+        for (h, verify) in [(head(), Verify::Candidates), (head(), Verify::Full), (fused, Verify::Candidates)] {
             for policy in [KvPolicy::Missing, KvPolicy::Propagate, KvPolicy::Deferred] {
                 for threshold in [0.3, 0.5, 0.7] {
                     let config = SpecEeConfig { policy, verify, threshold: Some(threshold), offline_only: false };
@@ -662,7 +685,8 @@ mod tests {
                     while got.len() < want.len() {
                         got.extend_from_slice(merged.step().unwrap());
                     }
-                    let what = format!("{verify:?} {policy:?} threshold {threshold}");
+                    let fused = !h.feature_source().eq(&FeatureSource::FinalNorm);
+                    let what = format!("{verify:?} {policy:?} threshold {threshold} fused {fused}");
                     assert_eq!(got, want, "{what}");
                     let (a, b) = (specee.stats(), merged.stats());
                     assert_eq!(a.layers, b.layers, "{what}");

@@ -16,9 +16,15 @@
 //! ```
 //! Deeper tree nodes use the parent's predicted feature `ĥ` in place of the target's.
 //!
+//! A **fused** head (EAGLE-3's idea on the EAGLE-1 interface) also reads the residual stream entering a few
+//! target layers (metadata `fuse_layers`, e.g. `2,15`: low and middle layers carry what the last layer's state,
+//! specialised to the next token, has dropped). Its first step's feature is
+//! `fuse · [feature ; rms_norm(h_l1) · fuse_norm_1 ; …]` (`(1 + k)d → d`); deeper nodes use `ĥ` as before.
+//!
 //! Tensors (safetensors; F32, F16 or BF16): `emb_norm.weight [d]`, `fc.weight [d, 2d]`, `fc.bias [d]`,
 //! `mlp_norm.weight [d]`, `mlp.gate_proj.weight [f, d]`, `mlp.up_proj.weight [f, d]`, `mlp.down_proj.weight
-//! [d, f]`, `lm_head.weight [N, d]`, `d2t [N]` (I64 or I32 offsets). Metadata: `format = specee-eagle-mlp-1`,
+//! [d, f]`, `lm_head.weight [N, d]`, `d2t [N]` (I64 or I32 offsets); fused heads add `fuse.weight [d, (1+k)d]`
+//! and `fuse_norm.weight [k·d]`. Metadata: `format = specee-eagle-mlp-1`,
 //! `rms_eps`, and informational keys (`base_model`, how it was trained). Matrices are quantized to Q8_0 at load
 //! (where the width allows) and multiplied by the same kernels as the target.
 
@@ -51,6 +57,10 @@ pub enum DraftHeadError {
     Width { head: usize, model: usize },
     #[error("draft vocabulary entry {index} maps to token {token}, outside the model's vocabulary ({vocab})")]
     BadMapping { index: usize, token: i64, vocab: usize },
+    #[error("draft head fuses {tensors} layer inputs but its metadata `fuse_layers` lists {listed:?}")]
+    FuseLayers { tensors: usize, listed: String },
+    #[error("draft head fuses the input of layer {layer}, past the model's {n_layers} layers")]
+    FuseLayerRange { layer: usize, n_layers: usize },
     #[error("draft head format `{0}` is not `{FORMAT}`")]
     UnknownFormat(String),
 }
@@ -107,6 +117,15 @@ pub struct DraftHead {
     up: OwnedMatrix,
     down: OwnedMatrix,
     lm_head: OwnedMatrix,
+    fuse: Option<Fusion>,
+}
+
+/// The fusion of a fused head (see the module header).
+#[derive(Clone, Debug)]
+struct Fusion {
+    layers: Vec<usize>,
+    norm: Vec<f32>,
+    w: OwnedMatrix,
 }
 
 /// Reads one tensor as f32 values with its shape.
@@ -200,6 +219,25 @@ impl DraftHead {
             })
             .collect::<Result<Vec<u32>, _>>()?;
         let rms_eps = metadata.get("rms_eps").and_then(|v| v.parse().ok()).unwrap_or(1e-5);
+        let fuse = match st.tensor("fuse.weight") {
+            Err(_) => None,
+            Ok(view) => {
+                let w_in = view.shape().get(1).copied().unwrap_or(0);
+                if view.shape().len() != 2 || view.shape()[0] != d || w_in % d != 0 || w_in < 2 * d {
+                    let want = vec![d, 2 * d];
+                    return Err(DraftHeadError::Shape { name: "fuse.weight".into(), got: view.shape().to_vec(), want });
+                }
+                let k = w_in / d - 1;
+                let listed = metadata.get("fuse_layers").cloned().unwrap_or_default();
+                let layers: Vec<usize> = listed.split(',').filter_map(|l| l.trim().parse().ok()).collect();
+                if layers.len() != k {
+                    return Err(DraftHeadError::FuseLayers { tensors: k, listed });
+                }
+                let w = tensor_shaped(&st, "fuse.weight", &[d, w_in])?;
+                let norm = tensor_shaped(&st, "fuse_norm.weight", &[k * d])?;
+                Some(Fusion { layers, norm, w: OwnedMatrix::from_f32(&w, d, w_in) })
+            }
+        };
         Ok(DraftHead {
             n_embd: d,
             n_ff: f,
@@ -215,7 +253,46 @@ impl DraftHead {
             down: OwnedMatrix::from_f32(&tensor_shaped(&st, "mlp.down_proj.weight", &[d, f])?, d, f),
             lm_head: OwnedMatrix::from_f32(&lm_head, n, d),
             metadata,
+            fuse,
         })
+    }
+
+    /// The target features the head reads: the final-normed state, and for a fused head the inputs of its
+    /// layers after it.
+    pub fn feature_source(&self) -> FeatureSource {
+        match &self.fuse {
+            None => FeatureSource::FinalNorm,
+            Some(f) => FeatureSource::FinalNormAnd(f.layers.clone()),
+        }
+    }
+
+    /// The first step's input features (`m × d`) from `m` target feature rows ([`DraftHead::feature_source`]):
+    /// the rows themselves for an unfused head, their fusion for a fused one.
+    pub fn first_input(
+        &self,
+        rows: &[f32],
+        m: usize,
+        pool: &ThreadPool,
+        scratch: &mut DraftScratch,
+        out: &mut Vec<f32>,
+    ) {
+        let d = self.n_embd;
+        out.resize(m * d, 0.0);
+        let Some(f) = &self.fuse else {
+            out.copy_from_slice(&rows[..m * d]);
+            return;
+        };
+        let w = f.w.cols;
+        scratch.fuse_in.resize(m * w, 0.0);
+        for r in 0..m {
+            let (src, dst) = (&rows[r * w..(r + 1) * w], &mut scratch.fuse_in[r * w..(r + 1) * w]);
+            dst[..d].copy_from_slice(&src[..d]);
+            for (j, norm) in f.norm.chunks_exact(d).enumerate() {
+                let at = (1 + j) * d;
+                rms_norm(&src[at..at + d], norm, self.rms_eps, &mut dst[at..at + d]);
+            }
+        }
+        matmul(pool, &f.w.view(), &scratch.fuse_in, m, out, &mut scratch.mm);
     }
 
     /// Checks that the head fits `model` (hidden size, draft vocabulary inside the model's).
@@ -226,6 +303,9 @@ impl DraftHead {
         }
         if let Some((index, &t)) = self.d2t.iter().enumerate().find(|(_, &t)| t as usize >= c.vocab_size) {
             return Err(DraftHeadError::BadMapping { index, token: t as i64, vocab: c.vocab_size });
+        }
+        if let Some(&layer) = self.fuse.iter().flat_map(|f| &f.layers).find(|&&l| l > c.n_layers) {
+            return Err(DraftHeadError::FuseLayerRange { layer, n_layers: c.n_layers });
         }
         Ok(())
     }
@@ -284,6 +364,7 @@ impl DraftHead {
 #[derive(Default)]
 pub struct DraftScratch {
     emb: Vec<f32>,
+    fuse_in: Vec<f32>,
     input: Vec<f32>,
     normed: Vec<f32>,
     gate: Vec<f32>,
@@ -305,6 +386,8 @@ pub struct EagleProposer {
     out_features: Vec<f32>,
     logits: Vec<f32>,
     order: Vec<u32>,
+    /// The root's first-step input (its target feature row, fused for a fused head).
+    root_input: Vec<f32>,
     /// Pool index of each node of the last tree.
     origin: Vec<usize>,
     /// Per pool node: whether the search expanded it.
@@ -327,6 +410,7 @@ impl EagleProposer {
             out_features: Vec::new(),
             logits: Vec::new(),
             order: Vec::new(),
+            root_input: Vec::new(),
             origin: Vec::new(),
             expanded: Vec::new(),
             pool_candidates: Vec::new(),
@@ -389,7 +473,9 @@ impl EagleProposer {
     ) -> Result<(), SpeculativeError> {
         candidates.clear();
         self.draft(context, tree, k)?;
-        let Some(root_feature) = Self::root_feature(context) else { return Ok(()) };
+        if Self::root_feature(context).is_none() {
+            return Ok(());
+        }
         if k == 0 {
             return Ok(());
         }
@@ -402,7 +488,7 @@ impl EagleProposer {
             for &i in &missing {
                 self.tokens.push(tree.node(i).token);
                 if i == 0 {
-                    self.inputs.extend_from_slice(root_feature);
+                    self.inputs.extend_from_slice(&self.root_input);
                 } else {
                     let p = self.origin[tree.node(i).parent];
                     self.inputs.extend_from_slice(&self.node_features[p * d..(p + 1) * d]);
@@ -450,6 +536,7 @@ impl EagleProposer {
         let Some(root_feature) = Self::root_feature(context) else { return Ok(()) };
         let d = self.head.n_embd;
         let (model, pool) = (context.model, context.pool);
+        self.head.first_input(root_feature, 1, pool, &mut self.scratch, &mut self.root_input);
         self.node_features.clear();
         self.expanded.clear();
         self.pool_candidates.clear();
@@ -463,6 +550,7 @@ impl EagleProposer {
             out_features,
             logits,
             order,
+            root_input,
             origin,
             expanded,
             pool_candidates,
@@ -476,7 +564,7 @@ impl EagleProposer {
                 let node = pool_tree.node(v);
                 tokens.push(node.token);
                 if v == 0 {
-                    inputs.extend_from_slice(root_feature);
+                    inputs.extend_from_slice(root_input);
                 } else {
                     let p = node.parent;
                     inputs.extend_from_slice(&node_features[p * d..(p + 1) * d]);
@@ -516,7 +604,7 @@ impl EagleProposer {
 
 impl Proposer for EagleProposer {
     fn feature_source(&self) -> FeatureSource {
-        FeatureSource::FinalNorm
+        self.head.feature_source()
     }
 
     fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
@@ -533,6 +621,11 @@ pub(crate) mod tests {
 
     /// A random head file for a width-`d` model: `n` draft tokens mapped to every second target token.
     pub(crate) fn random_head_bytes(d: usize, ff: usize, n: usize, seed: u64) -> Vec<u8> {
+        random_fused_head_bytes(d, ff, n, seed, &[])
+    }
+
+    /// [`random_head_bytes`] fusing the inputs of `fuse` (none: an unfused head).
+    pub(crate) fn random_fused_head_bytes(d: usize, ff: usize, n: usize, seed: u64, fuse: &[usize]) -> Vec<u8> {
         let mut s = seed;
         let mut rnd = |len: usize, scale: f32| -> Vec<u8> {
             (0..len)
@@ -542,7 +635,8 @@ pub(crate) mod tests {
                 })
                 .collect()
         };
-        let tensors: Vec<(&str, Vec<usize>, Vec<u8>)> = vec![
+        let k = fuse.len();
+        let mut tensors: Vec<(&str, Vec<usize>, Vec<u8>)> = vec![
             ("emb_norm.weight", vec![d], rnd(d, 0.2)),
             ("fc.weight", vec![d, 2 * d], rnd(2 * d * d, 0.5)),
             ("fc.bias", vec![d], rnd(d, 0.1)),
@@ -552,14 +646,63 @@ pub(crate) mod tests {
             ("mlp.down_proj.weight", vec![d, ff], rnd(d * ff, 0.5)),
             ("lm_head.weight", vec![n, d], rnd(n * d, 2.0)),
         ];
+        let mut meta = HashMap::from([("format".to_string(), FORMAT.to_string())]);
+        if k > 0 {
+            tensors.push(("fuse.weight", vec![d, (1 + k) * d], rnd((1 + k) * d * d, 0.5)));
+            tensors.push(("fuse_norm.weight", vec![k * d], rnd(k * d, 2.0)));
+            let layers: Vec<String> = fuse.iter().map(|l| l.to_string()).collect();
+            meta.insert("fuse_layers".into(), layers.join(","));
+        }
         let d2t: Vec<u8> = (0..n as i64).flat_map(|j| j.to_le_bytes()).collect();
         let mut views: Vec<(&str, TensorView<'_>)> = tensors
             .iter()
             .map(|(name, shape, b)| (*name, TensorView::new(Dtype::F32, shape.clone(), b).unwrap()))
             .collect();
         views.push(("d2t", TensorView::new(Dtype::I64, vec![n], &d2t).unwrap()));
-        let meta = HashMap::from([("format".to_string(), FORMAT.to_string())]);
         safetensors::serialize(views, Some(meta)).unwrap()
+    }
+
+    #[test]
+    fn fused_heads_fuse_the_listed_layer_inputs() {
+        let (d, layers) = (32, [1usize, 3]);
+        let bytes = random_fused_head_bytes(d, 64, 16, 3, &layers);
+        let head = DraftHead::from_bytes(&bytes).unwrap();
+        assert_eq!(head.feature_source(), FeatureSource::FinalNormAnd(layers.to_vec()));
+        let model = model::testing::tiny_model("llama", None, 3, 64);
+        head.check_fits(&model).unwrap();
+        // The fusion against a plain f32 reference: rows [feature ; rms-normed layer inputs] through `fuse`.
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let get = |name: &str| tensor_f32(&st, name).unwrap().0;
+        let (w, norm) = (get("fuse.weight"), get("fuse_norm.weight"));
+        let rows: Vec<f32> = (0..2 * 3 * d).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+        let (pool, mut scratch, mut out) = (ThreadPool::new(1), DraftScratch::default(), Vec::new());
+        head.first_input(&rows, 2, &pool, &mut scratch, &mut out);
+        for r in 0..2 {
+            let src = &rows[r * 3 * d..(r + 1) * 3 * d];
+            let mut x = src[..d].to_vec();
+            for j in 0..2 {
+                let part = &src[(1 + j) * d..(2 + j) * d];
+                let rms = (part.iter().map(|v| v * v).sum::<f32>() / d as f32 + head.rms_eps).sqrt();
+                x.extend(part.iter().zip(&norm[j * d..(j + 1) * d]).map(|(v, g)| v / rms * g));
+            }
+            for o in 0..d {
+                let want: f32 = (0..3 * d).map(|c| w[o * 3 * d + c] * x[c]).sum();
+                let got = out[r * d + o];
+                assert!((got - want).abs() <= 0.03 * (1.0 + want.abs()), "row {r} out {o}: {got} vs {want}");
+            }
+        }
+        // Layers past the model's are refused; the metadata must list one layer per fused input.
+        let deep = DraftHead::from_bytes(&random_fused_head_bytes(d, 64, 16, 3, &[1, 4])).unwrap();
+        assert!(matches!(deep.check_fits(&model), Err(DraftHeadError::FuseLayerRange { layer: 4, n_layers: 3 })));
+        let mut st_meta = safetensors::SafeTensors::read_metadata(&bytes).unwrap().1.metadata().clone().unwrap();
+        st_meta.insert("fuse_layers".into(), "1".into());
+        let views: Vec<(String, TensorView<'_>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, TensorView::new(v.dtype(), v.shape().to_vec(), v.data()).unwrap()))
+            .collect();
+        let relabelled = safetensors::serialize(views, Some(st_meta)).unwrap();
+        assert!(matches!(DraftHead::from_bytes(&relabelled), Err(DraftHeadError::FuseLayers { tensors: 2, .. })));
     }
 
     #[test]
@@ -582,12 +725,14 @@ pub(crate) mod tests {
             let model = model::testing::tiny_model(arch, None, 11, 64);
             let n = 40;
             let want = crate::test_util::dense_greedy(&model, n);
-            let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
-            let proposer = EagleProposer::new(head, TreeConfig { depth: 4, top_k: 3, budget: 8 });
-            let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
-            let got = crate::test_util::speculative_greedy(&mut dec, n);
-            assert_eq!(got, want, "{arch}");
-            assert!(dec.stats().drafted_nodes > 0, "the head drafted nothing");
+            for fuse in [&[][..], &[1, 3]] {
+                let head = DraftHead::from_bytes(&random_fused_head_bytes(32, 64, 32, 5, fuse)).unwrap();
+                let proposer = EagleProposer::new(head, TreeConfig { depth: 4, top_k: 3, budget: 8 });
+                let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
+                let got = crate::test_util::speculative_greedy(&mut dec, n);
+                assert_eq!(got, want, "{arch} fuse {fuse:?}");
+                assert!(dec.stats().drafted_nodes > 0, "the head drafted nothing");
+            }
         }
     }
 }

@@ -22,6 +22,9 @@ pub enum FeatureSource {
     /// order); layer index `n_layers` means the last layer's output before the final norm. EAGLE-3 heads fuse
     /// three such rows (low, middle and high layers).
     LayerInputs(Vec<usize>),
+    /// The final-normed state first, then the residual stream entering each listed layer (`n_embd` each): the
+    /// feature of our own fused heads (EAGLE-3's low/middle-layer fusion on top of the EAGLE-1 feature).
+    FinalNormAnd(Vec<usize>),
 }
 
 impl FeatureSource {
@@ -31,7 +34,44 @@ impl FeatureSource {
             FeatureSource::None => 0,
             FeatureSource::FinalNorm => n_embd,
             FeatureSource::LayerInputs(layers) => n_embd * layers.len(),
+            FeatureSource::FinalNormAnd(layers) => n_embd * (1 + layers.len()),
         }
+    }
+
+    /// Where the final-normed state sits in a feature row (`None`: not part of it).
+    pub fn final_norm_slot(&self) -> Option<usize> {
+        matches!(self, FeatureSource::FinalNorm | FeatureSource::FinalNormAnd(_)).then_some(0)
+    }
+
+    /// Copies the residual stream entering layer `il` (`hidden`, `n × n_embd`) into the slots of the rows (`n ×
+    /// width`) that hold that layer's input, if any.
+    pub fn capture_layer_input(&self, il: usize, hidden: &[f32], rows: &mut [f32], n_embd: usize) {
+        let width = self.width(n_embd);
+        for (_, slot) in self.layer_slots().filter(|&(l, _)| l == il) {
+            for (r, h) in hidden.chunks_exact(n_embd).enumerate() {
+                rows[r * width + slot * n_embd..][..n_embd].copy_from_slice(h);
+            }
+        }
+    }
+
+    /// Copies the final-normed states (`normed`, `n × n_embd`) into their slot of the rows, if they have one.
+    pub fn put_final_norm(&self, normed: &[f32], rows: &mut [f32], n_embd: usize) {
+        let width = self.width(n_embd);
+        if let Some(slot) = self.final_norm_slot() {
+            for (r, h) in normed.chunks_exact(n_embd).enumerate() {
+                rows[r * width + slot * n_embd..][..n_embd].copy_from_slice(h);
+            }
+        }
+    }
+
+    /// The layers whose input goes into a feature row, each with its slot (row offset in units of `n_embd`).
+    pub fn layer_slots(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (layers, first): (&[usize], usize) = match self {
+            FeatureSource::LayerInputs(l) => (l, 0),
+            FeatureSource::FinalNormAnd(l) => (l, 1),
+            _ => (&[], 0),
+        };
+        layers.iter().enumerate().map(move |(i, &l)| (l, first + i))
     }
 }
 

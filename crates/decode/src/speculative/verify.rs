@@ -88,32 +88,22 @@ impl Verifier {
         if needed > kv.capacity() {
             return Err(ModelError::ContextFull { needed, capacity: kv.capacity() });
         }
-        let width = features.width(d);
         self.features.clear();
-        self.features.resize(n * width, 0.0);
+        self.features.resize(n * features.width(d), 0.0);
         self.hidden.resize(n * d, 0.0);
         model.embed(&self.tokens, &mut self.hidden)?;
         for il in 0..=c.n_layers {
-            if let FeatureSource::LayerInputs(layers) = features {
-                for (slot, _) in layers.iter().enumerate().filter(|(_, &l)| l == il) {
-                    for r in 0..n {
-                        let dst = r * width + slot * d;
-                        self.features[dst..dst + d].copy_from_slice(&self.hidden[r * d..(r + 1) * d]);
-                    }
-                }
-            }
+            features.capture_layer_input(il, &self.hidden, &mut self.features, d);
             if il < c.n_layers {
                 model.layer(il, &mut self.hidden, &self.positions, mask, kv, ws)?;
             }
         }
-        if !logits && *features != FeatureSource::FinalNorm {
+        if !logits && features.final_norm_slot().is_none() {
             return Ok(());
         }
         self.normed.resize(n * d, 0.0);
         model.final_norm(&self.hidden, &mut self.normed);
-        if *features == FeatureSource::FinalNorm {
-            self.features.copy_from_slice(&self.normed);
-        }
+        features.put_final_norm(&self.normed, &mut self.features, d);
         if logits {
             self.logits.resize(n * c.vocab_size, 0.0);
             model.head_full(&self.normed, n, &mut self.logits, ws);
