@@ -184,14 +184,36 @@ pub fn scale_f16(a: f32, y: &mut [f32]) {
     }
 }
 
-/// `y = f16(y + a * x)` element-wise with one f32 rounding of the fused multiply-add, `y` holding f16 values
-/// (ggml's `ggml_vec_mad_f16`: an f16 accumulator, `vfmadd` in f32 on x86). `f32::mul_add` is correctly
-/// rounded everywhere (an FMA instruction where the caller is compiled with FMA, which the attention's
-/// AVX2 path is; libm's `fmaf` otherwise), so both paths agree bit for bit.
+/// The f32 value of f16 bits (exact).
 #[inline(always)]
-pub fn axpy_f16(a: f32, x: &[f32], y: &mut [f32]) {
+pub fn f16_to_f32(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
+/// [`dot`] of f32 `a` with f16 `b` (as bits): the same products in the same order.
+pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * f16_to_f32(b[c * 8 + l]);
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * f16_to_f32(b[i]);
+    }
+    sum
+}
+
+/// `y = f16(y + a * x)` element-wise with one f32 rounding of the fused multiply-add, `y` holding f16 values
+/// and `x` f16 bits (ggml's `ggml_vec_mad_f16`: an f16 accumulator, `vfmadd` in f32 on x86). `f32::mul_add` is
+/// correctly rounded everywhere (libm's `fmaf` where there is no FMA instruction), so this and the attention's
+/// AVX2 version agree bit for bit.
+#[inline(always)]
+pub fn axpy_f16(a: f32, x: &[u16], y: &mut [f32]) {
     for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv = round_f16(a.mul_add(xv, *yv));
+        *yv = round_f16(a.mul_add(f16_to_f32(xv), *yv));
     }
 }
 

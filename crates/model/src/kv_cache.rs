@@ -4,7 +4,8 @@
 //! and position may differ.
 //!
 //! Invariants: for every layer, slots `0..len` are valid; `len <= capacity`; a slot's K and V rows are
-//! `kv_dim` and `kv_dim_v` floats.
+//! `kv_dim` and `kv_dim_v` values, stored as f16 (bits), the precision the attention reads them at (as ggml's
+//! f16 cache): half the bytes of f32 for the attention to stream.
 
 use crate::config::Config;
 use crate::error::ModelError;
@@ -12,8 +13,8 @@ use crate::error::ModelError;
 /// Cache of one layer.
 #[derive(Clone, Debug)]
 pub struct LayerCache {
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
+    pub(crate) k: Vec<u16>,
+    pub(crate) v: Vec<u16>,
     pub(crate) pos: Vec<u32>,
     pub(crate) len: usize,
 }
@@ -35,8 +36,8 @@ impl KvCache {
         let kv_dim_v = config.n_head_kv * config.head_dim_v;
         let layers = (0..config.n_layers)
             .map(|_| LayerCache {
-                k: vec![0.0; capacity * kv_dim],
-                v: vec![0.0; capacity * kv_dim_v],
+                k: vec![0; capacity * kv_dim],
+                v: vec![0; capacity * kv_dim_v],
                 pos: vec![0; capacity],
                 len: 0,
             })

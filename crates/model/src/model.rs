@@ -12,8 +12,8 @@
 
 use crate::arch;
 use crate::blocks::{
-    axpy, axpy_f16, dot, glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq, scale_f16,
-    softmax_in_place,
+    axpy_f16, dot_f16, f16_to_f32, glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq,
+    round_f16, scale_f16,
 };
 use crate::config::Config;
 use crate::error::ModelError;
@@ -197,8 +197,6 @@ impl Model {
             n,
             &mut ws.mm,
         );
-        // Every row takes the per-row f16 attention path (see `finish_qkv`).
-        let f16_path = true;
         self.finish_qkv(il, positions, n, true, ws);
         let base = kv.len(il);
         let total = base + n;
@@ -238,7 +236,6 @@ impl Model {
             n_head: c.n_head,
             group,
             scale,
-            f16_path,
             att,
         };
         // Items of a few tasks, claimed dynamically (a descheduled thread then delays only its own item),
@@ -340,8 +337,12 @@ impl Model {
         let base = kv.len(il);
         let total = base + n;
         let lc = kv.layer_mut(il);
-        lc.k[base * kvd..total * kvd].copy_from_slice(&ws.k[..n * kvd]);
-        lc.v[base * vd..total * vd].copy_from_slice(&ws.v[..n * vd]);
+        // Exact: `finish_qkv` rounded them to f16.
+        let bits = |dst: &mut [u16], src: &[f32]| {
+            dst.iter_mut().zip(src).for_each(|(d, &s)| *d = half::f16::from_f32(s).to_bits());
+        };
+        bits(&mut lc.k[base * kvd..total * kvd], &ws.k[..n * kvd]);
+        bits(&mut lc.v[base * vd..total * vd], &ws.v[..n * vd]);
         lc.pos[base..total].copy_from_slice(positions);
         lc.len = total;
     }
@@ -518,8 +519,8 @@ impl Model {
 /// The attention of a batch over one layer's KV cache: one task per (row, head).
 struct Attention<'a> {
     q: &'a [f32],
-    kc: &'a [f32],
-    vc: &'a [f32],
+    kc: &'a [u16],
+    vc: &'a [u16],
     pc: &'a [u32],
     positions: &'a [u32],
     mask: Mask<'a>,
@@ -536,42 +537,50 @@ struct Attention<'a> {
     n_head: usize,
     group: usize,
     scale: f32,
-    f16_path: bool,
     att: SharedMut,
 }
 
 impl Attention<'_> {
     /// Runs `tasks` (task = row * n_head + head), using `sc` (`3 * total` floats) as scratch.
-    /// Compiled for AVX2+FMA when the CPU has it: the same scalar code, auto-vectorised wider (the
-    /// element order of every sum is fixed by the code, and floating-point contraction is never applied,
-    /// so results are bit-identical to the baseline build).
+    /// With AVX2+FMA+F16C: explicit vector kernels for the f16 cache rows, each bit-identical to the portable
+    /// one (the element order of every sum is fixed, and floating-point contraction is never applied).
     fn run(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
                 // SAFETY: the CPU has the features enabled for `run_avx2`.
                 return unsafe { self.run_avx2(tasks, sc) };
             }
         }
-        self.run_generic(tasks, sc, dot, |q, ks| ks.map(|k| dot(q, k)))
+        self.run_generic(tasks, sc, dot_f16, |q, ks| ks.map(|k| dot_f16(q, k)), axpy_f16)
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
-        // SAFETY: this function is only entered when avx2 and fma are available.
-        self.run_generic(tasks, sc, |a, b| unsafe { dot_avx2(a, b) }, |q, ks| unsafe { dot8_avx2(q, ks) })
+        // SAFETY: this function is only entered when avx2, fma and f16c are available.
+        self.run_generic(
+            tasks,
+            sc,
+            |a, b| unsafe { dot_avx2(a, b) },
+            |q, ks| unsafe { dot8_avx2(q, ks) },
+            |a, x, y| unsafe { axpy_f16_avx2(a, x, y) },
+        )
     }
 
-    /// The attention tasks, with `dot` a dot product and `dot8` eight of them against one query (each
-    /// bit-identical to `dot`).
+    /// The attention tasks, with `dot` a dot product with an f16 key, `dot8` eight of them against one query
+    /// (each bit-identical to `dot`) and `axpy` [`axpy_f16`].
     #[inline(always)]
     fn run_generic(
         &self,
         tasks: std::ops::Range<usize>,
         sc: &mut [f32],
-        dot: impl Fn(&[f32], &[f32]) -> f32,
-        dot8: impl Fn(&[f32], [&[f32]; 8]) -> [f32; 8],
+        dot: impl Fn(&[f32], &[u16]) -> f32,
+        dot8: impl Fn(&[f32], [&[u16]; 8]) -> [f32; 8],
+        axpy: impl Fn(f32, &[u16], &mut [f32]),
     ) {
         let Attention {
             q,
@@ -593,7 +602,6 @@ impl Attention<'_> {
             n_head,
             group,
             scale,
-            f16_path,
             att,
         } = *self;
         let c_n_head = n_head;
@@ -618,82 +626,69 @@ impl Attention<'_> {
                 }) && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64)
             };
             let krow = |s: usize| &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd];
-            if f16_path {
-                // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel), in three
-                // passes with exactly its sequence of operations: (1) every visible position's score, (2) in
-                // order, the running maximum and the factors it implies (`ms` rescales the accumulator when the
-                // maximum grows, `vs` weighs the position's V), (3) the f16 accumulation. The exps run in their
-                // own loop, so the vector loop (3) makes no calls.
-                let (scores, rest) = sc.split_at_mut(total);
-                let (rescale, weight) = rest.split_at_mut(total);
-                // Eight positions at a time (their dot products' reductions interleave), the rest one by one.
-                let mut s0 = 0;
-                while s0 < total {
-                    let len = (total - s0).min(8);
-                    let mut vis = [false; 8];
-                    let mut any = false;
+            // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel), in three
+            // passes with exactly its sequence of operations: (1) every visible position's score, (2) in
+            // order, the running maximum and the factors it implies (`ms` rescales the accumulator when the
+            // maximum grows, `vs` weighs the position's V), (3) the f16 accumulation. The exps run in their
+            // own loop, so the vector loop (3) makes no calls.
+            let (scores, rest) = sc.split_at_mut(total);
+            let (rescale, weight) = rest.split_at_mut(total);
+            // Eight positions at a time (their dot products' reductions interleave), the rest one by one.
+            let mut s0 = 0;
+            while s0 < total {
+                let len = (total - s0).min(8);
+                let mut vis = [false; 8];
+                let mut any = false;
+                for i in 0..len {
+                    vis[i] = visible(s0 + i);
+                    any |= vis[i];
+                }
+                if len == 8 && any {
+                    let d = dot8(qv, std::array::from_fn(|i| krow(s0 + i)));
+                    for i in 0..8 {
+                        scores[s0 + i] = if vis[i] { d[i] * scale } else { f32::NEG_INFINITY };
+                    }
+                } else {
                     for i in 0..len {
-                        vis[i] = visible(s0 + i);
-                        any |= vis[i];
+                        scores[s0 + i] = if vis[i] { dot(qv, krow(s0 + i)) * scale } else { f32::NEG_INFINITY };
                     }
-                    if len == 8 && any {
-                        let d = dot8(qv, std::array::from_fn(|i| krow(s0 + i)));
-                        for i in 0..8 {
-                            scores[s0 + i] = if vis[i] { d[i] * scale } else { f32::NEG_INFINITY };
-                        }
-                    } else {
-                        for i in 0..len {
-                            scores[s0 + i] = if vis[i] { dot(qv, krow(s0 + i)) * scale } else { f32::NEG_INFINITY };
-                        }
-                    }
-                    s0 += len;
                 }
-                let (mut m_max, mut sum) = (f32::NEG_INFINITY, 0f32);
-                for s in 0..total {
-                    let sv = scores[s];
-                    if sv == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    // rescale < 0: no rescaling at this position.
-                    let (mut ms, mut vs, mut r) = (1f32, 1f32, -1f32);
-                    if sv > m_max {
-                        if m_max != f32::NEG_INFINITY {
-                            ms = (m_max - sv).exp();
-                            r = ms;
-                        } else {
-                            ms = 0.0;
-                        }
-                        m_max = sv;
-                    } else {
-                        vs = (sv - m_max).exp();
-                    }
-                    rescale[s] = r;
-                    weight[s] = vs;
-                    sum = sum * ms + vs;
-                }
-                for s in 0..total {
-                    if scores[s] == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    if rescale[s] >= 0.0 {
-                        scale_f16(rescale[s], out);
-                    }
-                    axpy_f16(weight[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
-                }
-                let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                out.iter_mut().for_each(|v| *v *= inv);
-                continue;
+                s0 += len;
             }
-            let sc = &mut sc[..total];
+            let (mut m_max, mut sum) = (f32::NEG_INFINITY, 0f32);
             for s in 0..total {
-                sc[s] = if visible(s) { dot(qv, krow(s)) * scale } else { f32::NEG_INFINITY };
-            }
-            softmax_in_place(sc);
-            for s in 0..total {
-                if sc[s] > 0.0 {
-                    axpy(sc[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
+                let sv = scores[s];
+                if sv == f32::NEG_INFINITY {
+                    continue;
                 }
+                // rescale < 0: no rescaling at this position.
+                let (mut ms, mut vs, mut r) = (1f32, 1f32, -1f32);
+                if sv > m_max {
+                    if m_max != f32::NEG_INFINITY {
+                        ms = (m_max - sv).exp();
+                        r = ms;
+                    } else {
+                        ms = 0.0;
+                    }
+                    m_max = sv;
+                } else {
+                    vs = (sv - m_max).exp();
+                }
+                rescale[s] = r;
+                weight[s] = vs;
+                sum = sum * ms + vs;
             }
+            for s in 0..total {
+                if scores[s] == f32::NEG_INFINITY {
+                    continue;
+                }
+                if rescale[s] >= 0.0 {
+                    scale_f16(rescale[s], out);
+                }
+                axpy(weight[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
+            }
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+            out.iter_mut().for_each(|v| *v *= inv);
         }
     }
 }
@@ -703,9 +698,9 @@ impl Attention<'_> {
 /// order `((l0 + l1) + l2) + …`), then the same scalar tail. Eight independent accumulation chains instead of
 /// one keep the adder busy.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot8_avx2(q: &[f32], ks: [&[f32]; 8]) -> [f32; 8] {
+unsafe fn dot8_avx2(q: &[f32], ks: [&[u16]; 8]) -> [f32; 8] {
     use std::arch::x86_64::*;
     let len = ks.iter().fold(q.len(), |m, k| m.min(k.len()));
     let chunks = q.len() / 8;
@@ -715,7 +710,7 @@ unsafe fn dot8_avx2(q: &[f32], ks: [&[f32]; 8]) -> [f32; 8] {
         // SAFETY: c * 8 + 8 <= len for q and every key (asserted above).
         let x = unsafe { _mm256_loadu_ps(q.as_ptr().add(c * 8)) };
         for (acc, k) in acc.iter_mut().zip(&ks) {
-            let y = unsafe { _mm256_loadu_ps(k.as_ptr().add(c * 8)) };
+            let y = unsafe { load_f16x8(k.as_ptr().add(c * 8)) };
             *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, y));
         }
     }
@@ -744,18 +739,52 @@ unsafe fn dot8_avx2(q: &[f32], ks: [&[f32]; 8]) -> [f32; 8] {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
     for (o, k) in out.iter_mut().zip(&ks) {
         for i in chunks * 8..q.len() {
-            *o += q[i] * k[i];
+            *o += q[i] * f16_to_f32(k[i]);
         }
     }
     out
 }
 
-/// [`dot`] with explicit AVX2 vectors: the same eight lane accumulators (multiply, then add; no FMA) and
+/// Eight f16 values (bits at `p`) as f32 (exact).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn load_f16x8(p: *const u16) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees 8 readable values at `p`.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+/// [`axpy_f16`] with explicit vectors: the same fused multiply-add and the same f16 rounding (Veltkamp split:
+/// one multiply, two subtractions) per element, so the result is bit-identical.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn axpy_f16_avx2(a: f32, x: &[u16], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let len = x.len().min(y.len());
+    let (va, split) = (_mm256_set1_ps(a), _mm256_set1_ps(8193.0));
+    for c in 0..len / 8 {
+        // SAFETY: c * 8 + 8 <= len for both slices.
+        unsafe {
+            let xv = load_f16x8(x.as_ptr().add(c * 8));
+            let yp = y.as_mut_ptr().add(c * 8);
+            let f = _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(yp));
+            let t = _mm256_mul_ps(f, split);
+            _mm256_storeu_ps(yp, _mm256_sub_ps(t, _mm256_sub_ps(t, f)));
+        }
+    }
+    for i in len / 8 * 8..len {
+        y[i] = round_f16(a.mul_add(f16_to_f32(x[i]), y[i]));
+    }
+}
+
+/// [`dot_f16`] with explicit AVX2 vectors: the same eight lane accumulators (multiply, then add; no FMA) and
 /// the same final summation order, so the result is bit-identical.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+unsafe fn dot_avx2(a: &[f32], b: &[u16]) -> f32 {
     use std::arch::x86_64::*;
     let len = a.len().min(b.len());
     let chunks = a.len() / 8;
@@ -763,7 +792,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for c in 0..chunks {
         // SAFETY: c * 8 + 8 <= len for both slices (asserted above).
-        let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(c * 8)), _mm256_loadu_ps(b.as_ptr().add(c * 8))) };
+        let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(c * 8)), load_f16x8(b.as_ptr().add(c * 8))) };
         acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
     }
     let mut lanes = [0f32; 8];
@@ -771,7 +800,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
     let mut sum: f32 = lanes.iter().sum();
     for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
+        sum += a[i] * f16_to_f32(b[i]);
     }
     sum
 }
@@ -780,12 +809,16 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
-    /// The batched attention dot products equal one-by-one ones bit for bit (the same sums in the same order),
-    /// with and without a scalar tail, and equal the portable `dot`.
+    /// The attention's vector kernels over f16 cache rows equal the portable ones bit for bit: eight dot
+    /// products at once, one at a time (the same sums in the same order), and the f16 accumulation, with and
+    /// without a scalar tail.
     #[test]
-    fn eight_dot_products_at_once_are_bit_identical() {
+    fn attention_vector_kernels_are_bit_identical() {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
             let mut state = 0x2545_f491_4f6c_dd1du64;
             let mut next = move || {
                 state ^= state << 13;
@@ -793,15 +826,28 @@ mod tests {
                 state ^= state << 17;
                 (state >> 40) as f32 / (1u64 << 22) as f32 - 2.0
             };
+            let f16 = |v: f32| half::f16::from_f32(v).to_bits();
             for len in [64, 72, 29, 8] {
                 let q: Vec<f32> = (0..len).map(|_| next()).collect();
-                let keys: Vec<Vec<f32>> = (0..8).map(|_| (0..len).map(|_| next() * 1e3).collect()).collect();
-                // SAFETY: the CPU has avx2 and fma (checked above).
+                let keys: Vec<Vec<u16>> = (0..8).map(|_| (0..len).map(|_| f16(next() * 1e3)).collect()).collect();
+                // SAFETY: the CPU has avx2, fma and f16c (checked above).
                 let got = unsafe { dot8_avx2(&q, std::array::from_fn(|i| &keys[i][..])) };
                 for (g, k) in got.iter().zip(&keys) {
                     let one = unsafe { dot_avx2(&q, k) };
                     assert_eq!(g.to_bits(), one.to_bits(), "len {len}: {g} vs {one}");
-                    assert_eq!(g.to_bits(), dot(&q, k).to_bits(), "len {len}");
+                    assert_eq!(g.to_bits(), dot_f16(&q, k).to_bits(), "len {len}");
+                }
+                // Many accumulations: a fused and an unfused multiply-add differ in the f16 result only rarely.
+                for trial in 0..400 {
+                    let x: Vec<u16> = (0..len).map(|_| f16(next())).collect();
+                    let y0: Vec<f32> = (0..len).map(|_| round_f16(next())).collect();
+                    let a = next();
+                    let (mut want, mut got) = (y0.clone(), y0);
+                    axpy_f16(a, &x, &mut want);
+                    // SAFETY: as above.
+                    unsafe { axpy_f16_avx2(a, &x, &mut got) };
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "len {len} trial {trial}");
                 }
             }
         }
