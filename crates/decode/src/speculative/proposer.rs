@@ -46,21 +46,23 @@ impl FeatureSource {
     /// Copies the residual stream entering layer `il` (`hidden`, `n × n_embd`) into the slots of the rows (`n ×
     /// width`) that hold that layer's input, if any.
     pub fn capture_layer_input(&self, il: usize, hidden: &[f32], rows: &mut [f32], n_embd: usize) {
-        let width = self.width(n_embd);
         for (_, slot) in self.layer_slots().filter(|&(l, _)| l == il) {
-            for (r, h) in hidden.chunks_exact(n_embd).enumerate() {
-                rows[r * width + slot * n_embd..][..n_embd].copy_from_slice(h);
-            }
+            self.put_slot(slot, hidden, rows, n_embd);
         }
     }
 
     /// Copies the final-normed states (`normed`, `n × n_embd`) into their slot of the rows, if they have one.
     pub fn put_final_norm(&self, normed: &[f32], rows: &mut [f32], n_embd: usize) {
-        let width = self.width(n_embd);
         if let Some(slot) = self.final_norm_slot() {
-            for (r, h) in normed.chunks_exact(n_embd).enumerate() {
-                rows[r * width + slot * n_embd..][..n_embd].copy_from_slice(h);
-            }
+            self.put_slot(slot, normed, rows, n_embd);
+        }
+    }
+
+    /// Copies `n × n_embd` values into slot `slot` of `n` feature rows.
+    fn put_slot(&self, slot: usize, src: &[f32], rows: &mut [f32], n_embd: usize) {
+        let width = self.width(n_embd);
+        for (r, h) in src.chunks_exact(n_embd).enumerate() {
+            rows[r * width + slot * n_embd..][..n_embd].copy_from_slice(h);
         }
     }
 
