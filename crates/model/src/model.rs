@@ -467,20 +467,6 @@ impl Model {
         hidden: &mut Vec<f32>,
         which: Logits,
     ) -> Result<&'w [f32], ModelError> {
-        self.forward_observed(tokens, kv, ws, hidden, which, |_, _| {})
-    }
-
-    /// [`Model::forward`], showing `observe(il, hidden)` the residual stream entering every layer `il` (and, as
-    /// `il = n_layers`, the last layer's output): how a fused draft head's layer inputs are captured.
-    pub fn forward_observed<'w>(
-        &self,
-        tokens: &[u32],
-        kv: &mut KvCache,
-        ws: &'w mut Workspace,
-        hidden: &mut Vec<f32>,
-        which: Logits,
-        mut observe: impl FnMut(usize, &[f32]),
-    ) -> Result<&'w [f32], ModelError> {
         let n = tokens.len();
         let d = self.config.n_embd;
         if n == 0 {
@@ -494,10 +480,8 @@ impl Model {
         self.embed(tokens, hidden)?;
         let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
         for il in 0..self.config.n_layers {
-            observe(il, hidden);
             self.layer(il, hidden, &positions, Mask::Causal, kv, ws)?;
         }
-        observe(self.config.n_layers, hidden);
         let (first, rows) = match which {
             Logits::Last => (n - 1, 1),
             Logits::All => (0, n),

@@ -20,8 +20,9 @@ use super::predictor::{features, ExitPredictors, CANDIDATES};
 use super::schedule::Scheduler;
 use crate::sampling::argmax;
 use crate::speculative::eagle::{top_k_indices, DraftScratch};
+use crate::speculative::verify::Verifier;
 use crate::speculative::{DraftHead, FeatureSource, SpeculativeError};
-use model::{KvCache, Logits, Mask, Model, Workspace};
+use model::{KvCache, Mask, Model, Workspace};
 use std::time::{Duration, Instant};
 
 /// What the layers an exited token skipped get in their KV cache.
@@ -202,6 +203,8 @@ pub struct SpecEeDecoder<'m> {
     /// The head's first-step input made from `feature`.
     draft_in: Vec<f32>,
     source: FeatureSource,
+    /// Runs prompts (all layers), capturing the feature rows.
+    verifier: Verifier,
     tokens: Vec<u32>,
     stats: SpecEeStats,
     pending: Vec<Pending>,
@@ -243,6 +246,7 @@ impl<'m> SpecEeDecoder<'m> {
             feature_next: Vec::new(),
             draft_in: Vec::new(),
             source: head.feature_source(),
+            verifier: Verifier::default(),
             tokens: Vec::new(),
             stats: SpecEeStats::default(),
             pending: Vec::new(),
@@ -303,16 +307,17 @@ impl<'m> SpecEeDecoder<'m> {
             return Err(SpeculativeError::EmptyContext);
         }
         let d = self.model.config.n_embd;
-        let (n, source, row) = (tokens.len(), &self.source, &mut self.feature);
-        row.resize(source.width(d), 0.0);
-        let observe = |il: usize, h: &[f32]| source.capture_layer_input(il, &h[(n - 1) * d..], row, d);
-        let logits =
-            self.model.forward_observed(tokens, &mut self.kv, &mut self.ws, &mut self.hidden, Logits::Last, observe)?;
-        self.logits.clear();
-        self.logits.extend_from_slice(logits);
-        self.normed.resize(d, 0.0);
-        self.model.final_norm(&self.hidden[(n - 1) * d..n * d], &mut self.normed);
-        self.source.put_final_norm(&self.normed, &mut self.feature, d);
+        // Every layer, capturing the head's feature rows; the last row's final-normed state (its slot 0) gives
+        // the logits.
+        let (n, width) = (tokens.len(), self.source.width(d));
+        self.verifier.prefill(self.model, tokens, &mut self.kv, &mut self.ws, &self.source)?;
+        self.feature.clear();
+        self.feature.extend_from_slice(&self.verifier.features()[(n - 1) * width..n * width]);
+        debug_assert_eq!(self.source.final_norm_slot(), Some(0));
+        self.normed.clear();
+        self.normed.extend_from_slice(&self.feature[..d]);
+        self.logits.resize(self.model.config.vocab_size, 0.0);
+        self.model.head_full(&self.normed, 1, &mut self.logits, &mut self.ws);
         self.tokens.extend_from_slice(tokens);
         Ok(argmax(&self.logits))
     }
