@@ -59,6 +59,14 @@ impl<'m> DenseDecoder<'m> {
         Ok(logits)
     }
 
+    /// Appends `tokens` and returns the greedy next token: the argmax of the logits [`DenseDecoder::feed`] would
+    /// return, without computing them ([`Model::forward_argmax`]).
+    pub fn feed_greedy(&mut self, tokens: &[u32]) -> Result<u32, ModelError> {
+        let next = self.model.forward_argmax(tokens, &mut self.kv, &mut self.ws, &mut self.hidden)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(next)
+    }
+
     /// Appends `tokens` and returns the logits of every one of them (`n × vocab`), e.g. for perplexity.
     pub fn feed_all_logits(&mut self, tokens: &[u32]) -> Result<&[f32], ModelError> {
         let logits = self.model.forward(tokens, &mut self.kv, &mut self.ws, &mut self.hidden, Logits::All)?;

@@ -83,12 +83,13 @@ pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -
         let t = Instant::now();
         m.forward(&prompt, &mut kv, &mut ws, &mut hidden, Logits::Last)?;
         let pp = prompt.len() as f64 / t.elapsed().as_secs_f64();
-        // Decode: single tokens, full logits each step.
+        // Decode: single tokens, each step's greedy token as `generate` computes it (the head screen, exact;
+        // `SPECEE_HEAD_SCREEN=0` computes the full logits instead).
         kv.clear();
-        m.forward(&decode[..1], &mut kv, &mut ws, &mut hidden, Logits::Last)?;
+        m.forward_argmax(&decode[..1], &mut kv, &mut ws, &mut hidden)?;
         let t = Instant::now();
         for &tok in &decode[1..] {
-            m.forward(&[tok], &mut kv, &mut ws, &mut hidden, Logits::Last)?;
+            m.forward_argmax(&[tok], &mut kv, &mut ws, &mut hidden)?;
         }
         let tg = p.decode_tokens as f64 / t.elapsed().as_secs_f64();
         if rep > 0 {

@@ -132,8 +132,13 @@ impl Engine {
         let mut out = Emitter::new(self, params, prompt_ids.len());
         let mut history: Vec<u32> = prompt_ids.to_vec();
 
+        // Greedy settings without a penalty need only the argmax (the head screen), everything else the logits.
+        let greedy = params.sampling.is_greedy();
+        let mut step = |dec: &mut DenseDecoder, ids: &[u32], history: &[u32]| -> Result<u32, EngineError> {
+            Ok(if greedy { dec.feed_greedy(ids)? } else { sampler.sample(dec.feed(ids)?, history) })
+        };
         let t0 = Instant::now();
-        let mut next = sampler.sample(dec.feed(prompt_ids)?, &history);
+        let mut next = step(&mut dec, prompt_ids, &history)?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         while out.generated.len() < params.max_tokens {
@@ -144,7 +149,7 @@ impl Engine {
             if out.generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
                 break;
             }
-            next = sampler.sample(dec.feed(&[next])?, &history);
+            next = step(&mut dec, &[next], &history)?;
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))
     }

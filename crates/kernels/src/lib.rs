@@ -29,12 +29,14 @@ pub mod matmul;
 pub mod pool;
 pub(crate) mod quantize;
 pub mod repack;
+pub mod screen;
 
 pub use dequant::dequantize_row;
 pub use gguf::GgmlType;
 pub use matmul::{matmul, matmul_many, matmul_rows, matmul_rows_grouped, Layout, MatmulScratch, QMatrix};
 pub use pool::{parallel_for, ThreadPool};
 pub use quantize::quantize_q8_0_weights;
+pub use screen::HeadScreen;
 
 /// Errors from building kernel inputs.
 #[derive(thiserror::Error, Debug)]

@@ -95,6 +95,10 @@ impl<'a> QMatrix<'a> {
         }
     }
 
+    fn raw(&self) -> RawRows<'a> {
+        RawRows { data: self.data, rows: self.rows, row_bytes: self.row_bytes() }
+    }
+
     /// The bytes of row `r`.
     ///
     /// # Panics
@@ -109,7 +113,12 @@ impl<'a> QMatrix<'a> {
 /// Reusable buffers for quantized activations; they grow to the largest product seen and never shrink.
 #[derive(Default)]
 pub struct MatmulScratch {
-    acts: ActBuffers,
+    pub(crate) acts: ActBuffers,
+    /// The head screen's approximate logits ([`crate::HeadScreen`]).
+    pub(crate) screen: Vec<f32>,
+    /// The head screen's surviving rows of one token and their exact logits.
+    pub(crate) survivors: Vec<u32>,
+    pub(crate) survivor_logits: Vec<f32>,
 }
 
 /// A raw output pointer shared by the threads of one product, each writing disjoint elements.
@@ -155,13 +164,40 @@ pub(crate) fn matmul_isa(
     let (Some(kind), Some(kernel)) = (act_kind(w.ty), kernel_for(isa, w.ty, w.layout)) else {
         panic!("matmul: unsupported type {} (QMatrix::new rejects it)", w.ty.name());
     };
+    let raw = RawRows { data: w.data, rows, row_bytes: rb };
+    product(pool, kernel, kind, raw, x, cols, n_tokens, out, scratch);
+}
+
+/// Weight rows for a kernel: `rows` rows of `row_bytes` bytes each (or, for a group kernel, groups of 8).
+#[derive(Clone, Copy)]
+pub(crate) struct RawRows<'a> {
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub row_bytes: usize,
+}
+
+/// The parallel body of [`matmul`] for any kernel and activation format (also the head screen's approximate
+/// pass): quantizes the `n_tokens` rows of `x` into `scratch` and writes `out[t * w.rows + r]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product(
+    pool: &ThreadPool,
+    kernel: Kernel,
+    kind: crate::quantize::ActKind,
+    w: RawRows,
+    x: &[f32],
+    cols: usize,
+    n_tokens: usize,
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    let (rows, rb) = (w.rows, w.row_bytes);
     scratch.acts.reserve(kind, n_tokens, cols);
     scratch.acts.quantize_tokens_parallel(pool, kind, x, cols, n_tokens);
     let acts = scratch.acts.view(kind, x, cols);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let work = |row_range: std::ops::Range<usize>| {
-        // SAFETY: `out` holds n_tokens * rows elements (checked above); ranges are disjoint.
-        unsafe { rows_work(kernel, w, &acts, n_tokens, row_range, out_ptr) }
+        // SAFETY: `out` holds n_tokens * rows elements (checked by the callers); ranges are disjoint.
+        unsafe { rows_work(kernel, w, cols, &acts, n_tokens, row_range, out_ptr) }
     };
     let tiles = n_tokens.div_ceil(TILE);
     let n = pool.n_threads();
@@ -175,20 +211,21 @@ pub(crate) fn matmul_isa(
     }
 }
 
-/// Rows `row_range` of `w` times the `n_tokens` quantized activation rows, written to
-/// `out[t * w.rows + r]`.
+/// Rows `row_range` of `w` (`cols` elements each) times the `n_tokens` quantized activation rows, written
+/// to `out[t * w.rows + r]`.
 ///
 /// # Safety
 /// `out` must point at `n_tokens * w.rows` writable floats that no other thread writes at these rows.
 unsafe fn rows_work(
     kernel: Kernel,
-    w: &QMatrix,
+    w: RawRows,
+    cols: usize,
     acts: &crate::quantize::Acts,
     n_tokens: usize,
     row_range: std::ops::Range<usize>,
     out_ptr: OutPtr,
 ) {
-    let (rows, rb) = (w.rows, w.row_bytes());
+    let (rows, rb) = (w.rows, w.row_bytes);
     let mut tile = [0.0f32; ROW_CHUNK * TILE];
     let mut r0 = row_range.start;
     while r0 < row_range.end {
@@ -215,7 +252,7 @@ unsafe fn rows_work(
                 }
                 Kernel::Groups8(kernel) => {
                     // Token-major tile: each token's nr results are contiguous, as in `out`.
-                    kernel(wr, w.cols, acts, t0, nt, buf, nr);
+                    kernel(wr, cols, acts, t0, nt, buf, nr);
                     for j in 0..nt {
                         // SAFETY: as above.
                         unsafe {
@@ -301,7 +338,7 @@ pub(crate) fn matmul_many_isa(
     if n == 1 || total_rows * first.row_bytes() * tiles < SERIAL_BYTES {
         for &(w, out_ptr) in ws.iter().flatten() {
             // SAFETY: each output was checked to hold n_tokens * w.rows elements.
-            unsafe { rows_work(kernel, w, &acts, n_tokens, 0..w.rows, out_ptr) };
+            unsafe { rows_work(kernel, w.raw(), cols, &acts, n_tokens, 0..w.rows, out_ptr) };
         }
         return;
     }
@@ -315,7 +352,7 @@ pub(crate) fn matmul_many_isa(
             if i < c {
                 let range = i * chunk..((i + 1) * chunk).min(w.rows);
                 // SAFETY: each output holds n_tokens * w.rows elements; chunks are disjoint.
-                unsafe { rows_work(kernel, w, &acts, n_tokens, range, out_ptr) };
+                unsafe { rows_work(kernel, w.raw(), cols, &acts, n_tokens, range, out_ptr) };
                 return;
             }
             i -= c;

@@ -21,4 +21,6 @@ pub enum ModelError {
     ContextFull { needed: usize, capacity: usize },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     BadToken { id: u32, vocab: usize },
+    #[error("no tokens to run (a greedy step needs at least one input token)")]
+    EmptyInput,
 }

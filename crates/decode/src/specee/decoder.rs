@@ -300,8 +300,8 @@ impl<'m> SpecEeDecoder<'m> {
         &self.logits[..self.model.config.vocab_size]
     }
 
-    /// Runs `tokens` (a prompt) through every layer and returns the greedy next token. Their logits are in
-    /// [`SpecEeDecoder::logits`].
+    /// Runs `tokens` (a prompt) through every layer and returns the greedy next token (from the head screen:
+    /// no logits are left behind).
     pub fn feed(&mut self, tokens: &[u32]) -> Result<u32, SpeculativeError> {
         if tokens.is_empty() {
             return Err(SpeculativeError::EmptyContext);
@@ -316,10 +316,10 @@ impl<'m> SpecEeDecoder<'m> {
         debug_assert_eq!(self.source.final_norm_slot(), Some(0));
         self.normed.clear();
         self.normed.extend_from_slice(&self.feature[..d]);
-        self.logits.resize(self.model.config.vocab_size, 0.0);
-        self.model.head_full(&self.normed, 1, &mut self.logits, &mut self.ws);
+        let mut next = [0u32];
+        self.model.head_argmax(&self.normed, 1, &mut next, &mut self.ws);
         self.tokens.extend_from_slice(tokens);
-        Ok(argmax(&self.logits))
+        Ok(next[0])
     }
 
     /// Runs `token` (appended at the next position) with early exit and returns the next token. With
@@ -376,6 +376,19 @@ impl<'m> SpecEeDecoder<'m> {
         self.stats.full_heads += 1;
     }
 
+    /// The full head's greedy token for the current normed row: from its logits (kept in
+    /// [`SpecEeDecoder::logits`]) when `keep_logits`, else through the head screen (the same token, fewer bytes).
+    fn head_token(&mut self, keep_logits: bool) -> u32 {
+        if keep_logits {
+            self.full_head();
+            return argmax(self.logits());
+        }
+        let mut t = [0u32];
+        self.model.head_argmax(&self.normed, 1, &mut t, &mut self.ws);
+        self.stats.full_heads += 1;
+        t[0]
+    }
+
     /// Layer `il` over the carried pending rows (earlier positions first) and the current row, in one batch.
     fn layer_with_pending(&mut self, il: usize, pos: u32, carried: &mut [usize]) -> Result<(), SpeculativeError> {
         let d = self.model.config.n_embd;
@@ -416,6 +429,7 @@ impl<'m> SpecEeDecoder<'m> {
         let width = self.source.width(d);
         self.feature_next.resize(width, 0.0);
         let mut reached = n_layers;
+        let keep_logits = !matches!(mode, Run::Exit { want_logits: false });
         for il in 0..n_layers {
             self.source.capture_layer_input(il, &self.hidden, &mut self.feature_next, d);
             for (i, p) in self.pending.iter().enumerate() {
@@ -455,9 +469,8 @@ impl<'m> SpecEeDecoder<'m> {
                             exit = Some((il, cand[best]));
                         }
                         Verify::Full => {
-                            self.full_head();
-                            have_logits = true;
-                            let t = argmax(self.logits());
+                            let t = self.head_token(keep_logits);
+                            have_logits = keep_logits;
                             if cand.contains(&t) {
                                 exit = Some((il, t));
                             } else {
@@ -500,8 +513,7 @@ impl<'m> SpecEeDecoder<'m> {
             }
             None => {
                 model.final_norm(&self.hidden, &mut self.normed);
-                self.full_head();
-                (n_layers, argmax(self.logits()))
+                (n_layers, self.head_token(keep_logits))
             }
         };
         // Rows carried through the last layer are complete.

@@ -26,7 +26,6 @@
 use super::decoder::{KvPolicy, Pending, SpecEeConfig, Verify};
 use super::predictor::{features, ExitPredictors, CANDIDATES};
 use super::schedule::Scheduler;
-use crate::sampling::argmax;
 use crate::speculative::tree::ROOT;
 use crate::speculative::{
     DraftContext, DraftHead, DraftTree, EagleProposer, FeatureSource, SpeculativeError, SpeculativeStats, TreeConfig,
@@ -138,6 +137,8 @@ pub struct MergedDecoder<'m> {
     ids: Vec<u32>,
     scores: Vec<f32>,
     logits: Vec<f32>,
+    /// Greedy tokens of the rows the full head decides.
+    top: Vec<u32>,
     /// The root's normed hidden state where it was decided (its logits for quality evaluation).
     root_normed: Vec<f32>,
     stats: MergedStats,
@@ -189,6 +190,7 @@ impl<'m> MergedDecoder<'m> {
             ids: Vec::new(),
             scores: Vec::new(),
             logits: Vec::new(),
+            top: Vec::new(),
             root_normed: Vec::new(),
             stats: MergedStats::default(),
         }
@@ -487,7 +489,7 @@ impl<'m> MergedDecoder<'m> {
             let token = match self.config.verify {
                 Verify::Candidates => cand[(0..k).fold(0, |b, j| if s[j] > s[b] { j } else { b })].0,
                 Verify::Full => {
-                    let top = full_head_top1(model, row, &mut self.logits, &mut self.ws);
+                    let top = full_head_top1(model, row, &mut self.ws);
                     self.stats.full_head_rows += 1;
                     if !cand.iter().any(|c| c.0 == top) {
                         self.stats.verify_failures += 1;
@@ -527,7 +529,7 @@ impl<'m> MergedDecoder<'m> {
     /// (the walk needs some of them; a batch of a few rows costs little more than one row, which reads the
     /// whole head), then the walk ends.
     fn decide_by_full_head(&mut self, layer: usize) {
-        let (model, d, v) = (self.model, self.model.config.n_embd, self.model.config.vocab_size);
+        let (model, d) = (self.model, self.model.config.n_embd);
         self.live.clear();
         self.live.extend((0..self.nodes.len()).filter(|&i| self.nodes[i].decided.is_none()));
         let n = self.live.len();
@@ -535,11 +537,11 @@ impl<'m> MergedDecoder<'m> {
         for (r, &i) in self.live.iter().enumerate() {
             model.final_norm(&self.hidden[i * d..(i + 1) * d], &mut self.normed[r * d..(r + 1) * d]);
         }
-        self.logits.resize(n * v, 0.0);
-        model.head_full(&self.normed, n, &mut self.logits, &mut self.ws);
+        self.top.resize(n, 0);
+        model.head_argmax(&self.normed, n, &mut self.top, &mut self.ws);
         self.stats.full_head_rows += n;
         for (r, &i) in self.live.iter().enumerate() {
-            self.nodes[i].decided = Some((layer, argmax(&self.logits[r * v..(r + 1) * v])));
+            self.nodes[i].decided = Some((layer, self.top[r]));
             if i == ROOT {
                 self.root_normed.clear();
                 self.root_normed.extend_from_slice(&self.normed[r * d..(r + 1) * d]);
@@ -606,16 +608,17 @@ impl<'m> MergedDecoder<'m> {
     }
 }
 
-/// The full head's top-1 for one normed row.
-fn full_head_top1(model: &Model, normed: &[f32], logits: &mut Vec<f32>, ws: &mut Workspace) -> u32 {
-    logits.resize(model.config.vocab_size, 0.0);
-    model.head_full(normed, 1, logits, ws);
-    argmax(logits)
+/// The full head's top-1 for one normed row (through the head screen).
+fn full_head_top1(model: &Model, normed: &[f32], ws: &mut Workspace) -> u32 {
+    let mut t = [0u32];
+    model.head_argmax(normed, 1, &mut t, ws);
+    t[0]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::argmax;
     use crate::specee::predictor::tests::random_predictors;
     use crate::specee::SpecEeDecoder;
     use crate::speculative::eagle::tests::{random_fused_head_bytes, random_head_bytes};

@@ -1,7 +1,7 @@
 //! The policy role: given the target's logits at every node of a verified [`DraftTree`], decide which path to
 //! keep and which token the target adds after it (the *bonus* token).
 //!
-//! - **Greedy** ([`accept_greedy`]): from the root, step into the first child whose token is the target's own
+//! - **Greedy** ([`accept_greedy`], or [`accept_greedy_tokens`] from the target's greedy tokens alone): from the root, step into the first child whose token is the target's own
 //!   greedy choice at the current node; stop when none is; the choice there is the bonus. The committed tokens are
 //!   therefore exactly the ones dense greedy decoding would produce.
 //! - **Sampling** ([`accept_sampled`]): recursive rejection sampling over the children of the current node
@@ -72,18 +72,38 @@ pub fn accept_greedy(
     out: &mut Acceptance,
 ) {
     begin(history, scratch, out);
+    let AcceptanceScratch { dist, history, .. } = scratch;
+    walk_greedy(tree, out, history, |node, history| greedy_choice(params, logits.row(node), history, dist));
+}
+
+/// Greedy acceptance from the target's greedy token at every node (`choices[i]` after node `i`, e.g. from
+/// [`model::Model::head_argmax`]), for settings without a repetition penalty: the same walk as
+/// [`accept_greedy`] without any logits.
+pub fn accept_greedy_tokens(tree: &DraftTree, choices: &[u32], out: &mut Acceptance) {
+    out.path.clear();
+    out.path.push(ROOT);
+    walk_greedy(tree, out, &mut Vec::new(), |node, _| choices[node]);
+}
+
+/// The greedy walk: from the root into the child whose token is `choice(node, history)`, until no child
+/// matches; that choice is the bonus. `out.path` holds the root on entry.
+fn walk_greedy(
+    tree: &DraftTree,
+    out: &mut Acceptance,
+    history: &mut Vec<u32>,
+    mut choice: impl FnMut(usize, &[u32]) -> u32,
+) {
     let mut node = ROOT;
     loop {
-        let row = logits.row(node);
-        let choice = greedy_choice(params, row, &scratch.history, &mut scratch.dist);
-        match tree.children(node).find(|&c| tree.node(c).token == choice) {
+        let token = choice(node, history);
+        match tree.children(node).find(|&c| tree.node(c).token == token) {
             Some(child) => {
                 node = child;
                 out.path.push(child);
-                scratch.history.push(choice);
+                history.push(token);
             }
             None => {
-                out.bonus = choice;
+                out.bonus = token;
                 return;
             }
         }

@@ -6,7 +6,9 @@
 //! *root*), which the next step's verification runs together with the draft tree. So a step's first logits row
 //! (the root's) gives the same next-token distribution dense decoding would sample from.
 
-use super::acceptance::{accept_greedy, accept_sampled, Acceptance, AcceptanceScratch, NodeLogits};
+use super::acceptance::{
+    accept_greedy, accept_greedy_tokens, accept_sampled, Acceptance, AcceptanceScratch, NodeLogits,
+};
 use super::proposer::{DraftContext, FeatureSource, Proposer};
 use super::tree::DraftTree;
 use super::verify::Verifier;
@@ -241,30 +243,36 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         let t1 = Instant::now();
         self.stats.draft_time += t1 - t0;
 
-        // 2. Verify.
-        let logits =
-            match self.verifier.verify_tree(self.model, &self.tree, &mut self.kv, &mut self.ws, &self.feature_source) {
-                Ok(l) => l,
-                Err(e) => {
-                    self.kv.truncate(start);
-                    return Err(e.into());
-                }
-            };
-
-        // 3. Accept.
-        let logits = NodeLogits { data: logits, vocab };
-        if self.params.temperature <= 0.0 {
-            accept_greedy(&self.tree, logits, &self.params, &self.tokens, &mut self.scratch, &mut self.acceptance);
+        // 2. Verify and 3. accept. Greedy settings without a penalty need only each node's greedy token (the
+        // head screen); everything else needs the logits.
+        let greedy_only = self.params.is_greedy();
+        let (model, tree, fs) = (self.model, &self.tree, &self.feature_source);
+        let verified = if greedy_only {
+            self.verifier
+                .verify_tree_greedy(model, tree, &mut self.kv, &mut self.ws, fs)
+                .map(|choices| accept_greedy_tokens(tree, choices, &mut self.acceptance))
         } else {
-            accept_sampled(
-                &self.tree,
-                logits,
-                &self.params,
-                &self.tokens,
-                &mut self.rng,
-                &mut self.scratch,
-                &mut self.acceptance,
-            );
+            self.verifier.verify_tree(model, tree, &mut self.kv, &mut self.ws, fs).map(|data| {
+                let logits = NodeLogits { data, vocab };
+                if self.params.temperature <= 0.0 {
+                    accept_greedy(tree, logits, &self.params, &self.tokens, &mut self.scratch, &mut self.acceptance);
+                } else {
+                    let (params, tokens) = (&self.params, &self.tokens);
+                    accept_sampled(
+                        tree,
+                        logits,
+                        params,
+                        tokens,
+                        &mut self.rng,
+                        &mut self.scratch,
+                        &mut self.acceptance,
+                    );
+                }
+            })
+        };
+        if let Err(e) = verified {
+            self.kv.truncate(start);
+            return Err(e.into());
         }
 
         // 4. Compact the cache to root + accepted path, and commit.

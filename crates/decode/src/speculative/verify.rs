@@ -17,8 +17,18 @@ pub struct Verifier {
     hidden: Vec<f32>,
     normed: Vec<f32>,
     logits: Vec<f32>,
+    /// Greedy tokens of the rows of the last greedy verification.
+    greedy: Vec<u32>,
     /// Feature rows of the last forward (`rows × feature_width`).
     features: Vec<f32>,
+}
+
+/// What the head computes after a forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Head {
+    None,
+    Logits,
+    Greedy,
 }
 
 impl Verifier {
@@ -33,15 +43,42 @@ impl Verifier {
         ws: &mut Workspace,
         features: &FeatureSource,
     ) -> Result<&[f32], ModelError> {
+        self.run_tree(model, tree, kv, ws, features, Head::Logits)?;
+        Ok(&self.logits)
+    }
+
+    /// [`Verifier::verify_tree`] for greedy settings without a repetition penalty: returns the target's greedy
+    /// token after every node (`tree.len()` ids, from [`Model::head_argmax`]: the argmax of the logits
+    /// `verify_tree` would return, without computing them).
+    pub fn verify_tree_greedy(
+        &mut self,
+        model: &Model,
+        tree: &DraftTree,
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+        features: &FeatureSource,
+    ) -> Result<&[u32], ModelError> {
+        self.run_tree(model, tree, kv, ws, features, Head::Greedy)?;
+        Ok(&self.greedy)
+    }
+
+    fn run_tree(
+        &mut self,
+        model: &Model,
+        tree: &DraftTree,
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+        features: &FeatureSource,
+        head: Head,
+    ) -> Result<(), ModelError> {
         tree.ancestor_mask(&mut self.mask);
         tree.positions(kv.seq_len() as u32, &mut self.positions);
         self.tokens.clear();
         self.tokens.extend(tree.nodes().iter().map(|n| n.token));
         let mask = std::mem::take(&mut self.mask);
-        let result = self.run(model, Mask::Allowed(&mask), kv, ws, features, true);
+        let result = self.run(model, Mask::Allowed(&mask), kv, ws, features, head);
         self.mask = mask;
-        result?;
-        Ok(&self.logits)
+        result
     }
 
     /// Runs `tokens` causally after the cache's current end (a prompt), computing no logits; their feature rows
@@ -59,7 +96,7 @@ impl Verifier {
         self.positions.extend((0..tokens.len() as u32).map(|i| start + i));
         self.tokens.clear();
         self.tokens.extend_from_slice(tokens);
-        self.run(model, Mask::Causal, kv, ws, features, false)
+        self.run(model, Mask::Causal, kv, ws, features, Head::None)
     }
 
     /// Feature rows of the rows of the last forward.
@@ -74,7 +111,7 @@ impl Verifier {
         kv: &mut KvCache,
         ws: &mut Workspace,
         features: &FeatureSource,
-        logits: bool,
+        head: Head,
     ) -> Result<(), ModelError> {
         let n = self.tokens.len();
         let c = &model.config;
@@ -98,15 +135,22 @@ impl Verifier {
                 model.layer(il, &mut self.hidden, &self.positions, mask, kv, ws)?;
             }
         }
-        if !logits && features.final_norm_slot().is_none() {
+        if head == Head::None && features.final_norm_slot().is_none() {
             return Ok(());
         }
         self.normed.resize(n * d, 0.0);
         model.final_norm(&self.hidden, &mut self.normed);
         features.put_final_norm(&self.normed, &mut self.features, d);
-        if logits {
-            self.logits.resize(n * c.vocab_size, 0.0);
-            model.head_full(&self.normed, n, &mut self.logits, ws);
+        match head {
+            Head::None => {}
+            Head::Logits => {
+                self.logits.resize(n * c.vocab_size, 0.0);
+                model.head_full(&self.normed, n, &mut self.logits, ws);
+            }
+            Head::Greedy => {
+                self.greedy.resize(n, 0);
+                model.head_argmax(&self.normed, n, &mut self.greedy, ws);
+            }
         }
         Ok(())
     }

@@ -339,6 +339,68 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     }
 }
 
+/// The head screen's 6-bit rows ([`crate::screen`]) × `N` Q8_0 activation rows, a pair of blocks per step:
+/// the low nibbles (one 32-byte load, masked and shifted) and the high bit pairs (16 bytes broadcast to both
+/// halves, masked and shifted per half) give `[A0..16 | B0..16]` and `[A16..32 | B16..32]` as unsigned values
+/// `q + 32`, in the order of the activations' pair layout (`Acts::qp`). Per token: two `vpmaddubsw` (each i16
+/// at most 2·63·127, their sum below 2¹⁵), one `vpmaddwd`, the offset off in integers (`Acts::zp`), one
+/// conversion and one FMA with `[dA·dyA x4 | dB·dyB x4]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    use crate::screen::PAIR_BYTES;
+    let (nb, stride) = (a.nb, a.stride);
+    let npairs = nb / 2;
+    assert!(nb % 2 == 0 && rb == npairs * PAIR_BYTES && t0 + N <= stride);
+    assert!(
+        a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
+    );
+    let low4 = _mm256_set1_epi8(0x0F);
+    let mask_l = _mm256_setr_m128i(_mm_set1_epi8(0x03), _mm_set1_epi8(0x0C));
+    let mask_h = _mm256_setr_m128i(_mm_set1_epi8(0x30), _mm_set1_epi8(0xC0u8 as i8));
+    let shl = _mm256_setr_epi64x(4, 4, 2, 2);
+    let shr = _mm256_setr_epi64x(0, 0, 2, 2);
+    let ones = _mm256_set1_epi16(1);
+    let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    let ybase = a.qp.as_ptr().add(t0 * 64);
+    let dbase = a.dp4.as_ptr().add(t0 * 8);
+    let zbase = a.zp.as_ptr().add(t0 * 8);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let row = row.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); N];
+        for k in 0..npairs {
+            let p = row.add(k * PAIR_BYTES);
+            let dd = (p as *const u32).read_unaligned();
+            let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dd as i32))), idx);
+            let ql = _mm256_loadu_si256(p.add(4) as *const __m256i);
+            let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(36) as *const __m128i));
+            let qlo = _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_sllv_epi64(_mm256_and_si256(h, mask_l), shl));
+            let qhi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low4),
+                _mm256_srlv_epi64(_mm256_and_si256(h, mask_h), shr),
+            );
+            let off = k * stride;
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let y = ybase.add((off + j) * 64) as *const __m256i;
+                let p16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(qlo, _mm256_loadu_si256(y)),
+                    _mm256_maddubs_epi16(qhi, _mm256_loadu_si256(y.add(1))),
+                );
+                let z = _mm256_loadu_si256(zbase.add((off + j) * 8) as *const __m256i);
+                let isum = _mm256_sub_epi32(_mm256_madd_epi16(p16, ones), z);
+                let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dbase.add((off + j) * 8)));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
+            }
+        }
+        hsums(&acc, &mut out[r * N..(r + 1) * N]);
+    }
+}
+
+/// The AVX2 [`screen6`] as a row kernel. Only called after `Isa::Avx2.available()`.
+pub(crate) fn screen6_kernel() -> RowKernel {
+    // SAFETY: handed out only when the CPU has avx2, fma and f16c; the screen passes consistent shapes.
+    |w, rb, a, t0, nt, o| unsafe { tile!(screen6, nt, w, rb, a, t0, o) }
+}
+
 /// Legacy quant rows × `N` activation rows, one block per step (the previous kernel, kept for
 /// comparison in tests).
 #[allow(dead_code)]

@@ -151,6 +151,29 @@ fn dot_q8_0(row: &[u8], a: &Acts, t: usize) -> f32 {
     sumf
 }
 
+/// The head screen's 6-bit rows ([`crate::screen`]) against Q8_0 activations (the `+ 32` offset taken off
+/// through the blocks' `d · Σy`).
+pub(crate) fn screen6(w: &[u8], rb: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]) {
+    rows(w, rb, a, t0, nt, out, dot_screen6)
+}
+
+fn dot_screen6(row: &[u8], a: &Acts, t: usize) -> f32 {
+    let (qs, d, s) = q8(a, t);
+    let (mut sumf, mut corr) = (0.0f32, 0.0f32);
+    for (k, b) in row.chunks_exact(crate::screen::PAIR_BYTES).enumerate() {
+        let q = crate::screen::unpack(b);
+        for h in 0..2 {
+            let ib = 2 * k + h;
+            let y = &qs[ib * QK..ib * QK + QK];
+            let sumi: i32 = q[32 * h..32 * h + 32].iter().zip(y).map(|(&q, &y)| q as i32 * y as i32).sum();
+            let dw = read_f16(b, 2 * h);
+            sumf += sumi as f32 * (dw * d[ib]);
+            corr += dw * s[ib];
+        }
+    }
+    sumf - 32.0 * corr
+}
+
 /// Activation slices of token `t` for Q8_K: (qs, d, bsums).
 #[inline(always)]
 fn q8k<'a>(a: &'a Acts, t: usize) -> (&'a [i8], &'a [f32], &'a [i16]) {
