@@ -1,5 +1,5 @@
 //! Times the output head alone: full logits (`head_full`) against the screened greedy argmax (`head_argmax`),
-//! for 1 and 4 rows. `cargo run --release -p model --example headbench -- MODEL.gguf [threads]`
+//! for 1 and 4 rows (the screen forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads]`
 use model::{Model, Workspace};
 use std::time::Instant;
 
@@ -9,6 +9,7 @@ fn main() {
     let threads = args.get(2).map_or(2, |s| s.parse().unwrap());
     let (d, v) = (m.config.n_embd, m.config.vocab_size);
     let mut ws = Workspace::new(threads);
+    assert!(m.force_head_screen(threads), "no head screen for this head");
     let x: Vec<f32> = (0..8 * d).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0)).collect();
     let mut normed = vec![0.0; 8 * d];
     m.final_norm(&x, &mut normed);

@@ -39,6 +39,8 @@ fn check(model_file: &str, reference: &str) {
     let path = dir.join(model_file);
     assert!(path.exists(), "{} is missing: run `cargo run --release -- fetch` first", path.display());
     let m = Model::load(&path).unwrap();
+    // SmolLM2's head is below the default size threshold: forced on, so the screen is tested on both.
+    assert!(m.force_head_screen(2), "{model_file}: no head screen");
     let (d, v) = (m.config.n_embd, m.config.vocab_size);
     let mut ws = Workspace::new(2);
     let (mut positions, mut exact_rows) = (0usize, 0usize);
