@@ -173,11 +173,12 @@ impl HeadScreen {
             let a = &approx[t * rows..(t + 1) * rows];
             let floor = a.iter().zip(&self.bound).fold(f32::NEG_INFINITY, |m, (&a, &c)| m.max(a - c * norm));
             survivors.clear();
+            // Not below the floor: a NaN (non-finite weights) survives and is decided exactly.
             survivors.extend(
                 a.iter()
                     .zip(&self.bound)
                     .enumerate()
-                    .filter(|(_, (&a, &c))| a + c * norm >= floor)
+                    .filter(|(_, (&a, &c))| (a + c * norm).partial_cmp(&floor) != Some(std::cmp::Ordering::Less))
                     .map(|(r, _)| r as u32),
             );
             values.clear();
@@ -230,25 +231,38 @@ fn screen_row(src: &[u8], dst: &mut [u8], margin: f64) -> f32 {
         for (h, b) in pair.chunks_exact(Q8_0_BYTES).enumerate() {
             let d8 = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             let w: [f32; 32] = std::array::from_fn(|i| d8 * (b[2 + i] as i8) as f32);
-            let amax = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            dbits[h] = f32_to_f16(amax / 31.0);
+            let qmax = b[2..34].iter().map(|&v| (v as i8).unsigned_abs()).max().unwrap_or(0);
+            dbits[h] = f32_to_f16(d8.abs() * qmax as f32 / 31.0);
             let d = f16_to_f32(dbits[h]);
             let inv = if d > 0.0 && d.is_finite() { 1.0 / d } else { 0.0 };
-            // Per block in f32 (32 terms: relative error below 2⁻¹⁸, covered by the final rounding up).
-            let (mut e, mut ww, mut hh) = (0.0f32, 0.0f32, 0.0f32);
-            for (i, &wv) in w.iter().enumerate() {
-                let v = (wv * inv + 32.5).floor().clamp(0.0, 63.0);
-                q[32 * h + i] = v as u8;
-                let hv = d * (v - 32.0);
-                (e, ww, hh) = (e + (wv - hv) * (wv - hv), ww + wv * wv, hh + hv * hv);
+            // In 8 lanes of f32 (4 terms each: relative error below 2⁻²⁰, covered by the final rounding up), so
+            // the loop vectorizes; `w / d + 32.5` is positive, so truncation is the floor (round half up).
+            let (mut e, mut ww, mut hh) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+            for c in 0..4 {
+                for l in 0..8 {
+                    let (i, wv) = (8 * c + l, w[8 * c + l]);
+                    let v = ((wv * inv + 32.5) as i32).clamp(0, 63);
+                    q[32 * h + i] = v as u8;
+                    let hv = d * (v - 32) as f32;
+                    e[l] += (wv - hv) * (wv - hv);
+                    ww[l] += wv * wv;
+                    hh[l] += hv * hv;
+                }
             }
-            (err2, w2, h2) = (err2 + e as f64, w2 + ww as f64, h2 + hh as f64);
+            let sum = |a: [f32; 8]| a.iter().map(|&v| v as f64).sum::<f64>();
+            let (e, ww, hh) = (sum(e), sum(ww), sum(hh));
+            (err2, w2, h2) = (err2 + e, w2 + ww, h2 + hh);
             d2 += 32.0 * (d as f64).powi(2);
         }
         o.copy_from_slice(&pack(dbits[0], dbits[1], &q));
     }
     let c = err2.sqrt() + margin * (w2.sqrt() + h2.sqrt() + 32.0 * d2.sqrt());
-    (c * (1.0 + 1e-4)) as f32
+    // A row with non-finite weights gets no bound: it always takes the exact product.
+    if c.is_finite() {
+        (c * (1.0 + 1e-4)) as f32
+    } else {
+        f32::INFINITY
+    }
 }
 
 #[cfg(test)]
@@ -327,6 +341,31 @@ mod tests {
                 assert_eq!((got[0], got[2]), (17, 0), "the first of tied rows");
             }
         }
+    }
+
+    /// A row with an infinite block scale (a damaged file) has no bound and always gets the exact product: its
+    /// +∞ logit wins as in the full product.
+    #[test]
+    fn rows_with_non_finite_weights_are_decided_exactly() {
+        let (rows, cols) = (64, 128);
+        let mut next = rng(9);
+        let f: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+        let mut bytes = quantize_q8_0_weights(&f);
+        let rb = cols / QK * Q8_0_BYTES;
+        let block = &mut bytes[5 * rb..5 * rb + Q8_0_BYTES];
+        block[..2].copy_from_slice(&0x7c00u16.to_le_bytes()); // +inf
+        block[2..].fill(1);
+        let w = QMatrix::new(GgmlType::Q8_0, &bytes, rows, cols).unwrap();
+        let screen = HeadScreen::new(&w, 1).unwrap();
+        assert_eq!(screen.bound[5], f32::INFINITY);
+        let x: Vec<f32> = (0..cols).map(|_| next().abs() + 0.1).collect();
+        let (pool, mut scratch) = (ThreadPool::new(1), MatmulScratch::default());
+        let mut logits = vec![0.0f32; rows];
+        crate::matmul(&pool, &w, &x, 1, &mut logits, &mut scratch);
+        assert_eq!(logits[5], f32::INFINITY);
+        let mut got = [0u32];
+        screen.argmax(&pool, &w, &x, 1, &mut got, &mut scratch);
+        assert_eq!(got[0], 5);
     }
 
     /// The screened logits are within each row's bound of the exact ones (the property the argmax rests on),
