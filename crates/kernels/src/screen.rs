@@ -229,30 +229,10 @@ fn screen_row(src: &[u8], dst: &mut [u8], margin: f64) -> f32 {
         let mut q = [0u8; 64];
         let mut dbits = [0u16; 2];
         for (h, b) in pair.chunks_exact(Q8_0_BYTES).enumerate() {
-            let d8 = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-            let w: [f32; 32] = std::array::from_fn(|i| d8 * (b[2 + i] as i8) as f32);
-            let qmax = b[2..34].iter().map(|&v| (v as i8).unsigned_abs()).max().unwrap_or(0);
-            dbits[h] = f32_to_f16(d8.abs() * qmax as f32 / 31.0);
-            let d = f16_to_f32(dbits[h]);
-            let inv = if d > 0.0 && d.is_finite() { 1.0 / d } else { 0.0 };
-            // In 8 lanes of f32 (4 terms each: relative error below 2⁻²⁰, covered by the final rounding up), so
-            // the loop vectorizes; `w / d + 32.5` is positive, so truncation is the floor (round half up).
-            let (mut e, mut ww, mut hh) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-            for c in 0..4 {
-                for l in 0..8 {
-                    let (i, wv) = (8 * c + l, w[8 * c + l]);
-                    let v = ((wv * inv + 32.5) as i32).clamp(0, 63);
-                    q[32 * h + i] = v as u8;
-                    let hv = d * (v - 32) as f32;
-                    e[l] += (wv - hv) * (wv - hv);
-                    ww[l] += wv * wv;
-                    hh[l] += hv * hv;
-                }
-            }
-            let sum = |a: [f32; 8]| a.iter().map(|&v| v as f64).sum::<f64>();
-            let (e, ww, hh) = (sum(e), sum(ww), sum(hh));
-            (err2, w2, h2) = (err2 + e, w2 + ww, h2 + hh);
-            d2 += 32.0 * (d as f64).powi(2);
+            let (bits, sums) = screen_block(b, (&mut q[32 * h..32 * h + 32]).try_into().expect("32 values"));
+            dbits[h] = bits;
+            let [e, ww, hh, dd] = sums;
+            (err2, w2, h2, d2) = (err2 + e, w2 + ww, h2 + hh, d2 + dd);
         }
         o.copy_from_slice(&pack(dbits[0], dbits[1], &q));
     }
@@ -263,6 +243,35 @@ fn screen_row(src: &[u8], dst: &mut [u8], margin: f64) -> f32 {
     } else {
         f32::INFINITY
     }
+}
+
+/// One Q8_0 block's screen values (`q + 32` into `q`) and scale bits, with the block's sums of squares: error,
+/// weights, screened weights, and `32·d²` (each as f64). Written in 8 f32 lanes so the loops vectorize; f32 sums
+/// of 4 terms per lane are within 2⁻²⁰ relative, which the bound's final rounding up covers.
+fn screen_block(b: &[u8], q: &mut [u8; 32]) -> (u16, [f64; 4]) {
+    let d8 = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    let q8: &[u8; 32] = b[2..34].try_into().expect("a Q8_0 block");
+    let qmax = q8.iter().fold(0u8, |m, &v| m.max((v as i8).unsigned_abs()));
+    let bits = f32_to_f16(d8.abs() * qmax as f32 / 31.0);
+    let d = f16_to_f32(bits);
+    // v = round(w / d) = round(q8 · d8 / d), clamped to [−32, 31]; a zero or non-finite scale stores zeros.
+    let ratio = if d > 0.0 && d.is_finite() && d8.is_finite() { d8 / d } else { 0.0 };
+    let (mut e, mut ww, mut hh) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+    for c in 0..4 {
+        for l in 0..8 {
+            let x = (q8[8 * c + l] as i8) as f32;
+            let t = (x * ratio + 32.5).clamp(0.0, 63.0);
+            // SAFETY: t is finite and within [0, 63].
+            let v = unsafe { t.to_int_unchecked::<i32>() };
+            q[8 * c + l] = v as u8;
+            let (wv, hv) = (d8 * x, d * (v - 32) as f32);
+            e[l] += (wv - hv) * (wv - hv);
+            ww[l] += wv * wv;
+            hh[l] += hv * hv;
+        }
+    }
+    let sum = |a: [f32; 8]| a.iter().map(|&v| v as f64).sum::<f64>();
+    (bits, [sum(e), sum(ww), sum(hh), 32.0 * (d as f64).powi(2)])
 }
 
 #[cfg(test)]
