@@ -198,13 +198,7 @@ impl HeadScreen {
             } else {
                 pool.run(&|i, n| work(split_range(survivors.len(), i, n), vals));
             }
-            let mut best = (0usize, f32::NEG_INFINITY);
-            for (i, &v) in values.iter().enumerate() {
-                if v > best.1 {
-                    best = (i, v);
-                }
-            }
-            out[t] = survivors.get(best.0).copied().unwrap_or(0);
+            out[t] = survivors.get(first_max(&values)).copied().unwrap_or(0);
             total += survivors.len();
         }
         scratch.screen = approx;
@@ -212,6 +206,17 @@ impl HeadScreen {
         scratch.survivor_logits = values;
         total
     }
+}
+
+/// Index of the first maximum of `v` (as a plain argmax over logits picks it; 0 when empty or all NaN).
+pub fn first_max(v: &[f32]) -> usize {
+    let mut best = (0, f32::NEG_INFINITY);
+    for (i, &x) in v.iter().enumerate() {
+        if x > best.1 {
+            best = (i, x);
+        }
+    }
+    best.0
 }
 
 /// A pointer the pool's threads write disjoint elements through.
@@ -290,16 +295,6 @@ mod tests {
         }
     }
 
-    fn first_max(v: &[f32]) -> u32 {
-        let mut best = (0, f32::NEG_INFINITY);
-        for (i, &x) in v.iter().enumerate() {
-            if x > best.1 {
-                best = (i, x);
-            }
-        }
-        best.0 as u32
-    }
-
     #[test]
     fn pairs_round_trip() {
         let mut next = rng(3);
@@ -344,7 +339,7 @@ mod tests {
                 matmul_isa(isa, &pool, &w, &x, n_tokens, &mut logits, &mut scratch);
                 let mut got = vec![0u32; n_tokens];
                 let exact = screen.argmax_isa(isa, &pool, &w, &x, n_tokens, &mut got, &mut scratch);
-                let want: Vec<u32> = logits.chunks_exact(rows).map(first_max).collect();
+                let want: Vec<u32> = logits.chunks_exact(rows).map(|r| first_max(r) as u32).collect();
                 assert_eq!(got, want, "{isa:?}, {threads} threads");
                 assert!(exact >= rows + n_tokens - 1 && exact < n_tokens * rows / 2, "{exact} exact rows");
                 assert_eq!((got[0], got[2]), (17, 0), "the first of tied rows");

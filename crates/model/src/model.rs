@@ -451,7 +451,7 @@ impl Model {
         grow(&mut logits, n * v);
         self.head_full(normed, n, &mut logits, ws);
         for (o, row) in out.iter_mut().zip(logits.chunks_exact(v).take(n)) {
-            *o = first_max(row);
+            *o = kernels::screen::first_max(row) as u32;
         }
         ws.logits = logits;
         n * v
@@ -572,17 +572,6 @@ impl Model {
         ws.logits = logits;
         Ok(&ws.logits[..rows * v])
     }
-}
-
-/// Index of the first maximum of `v` (0 when empty).
-fn first_max(v: &[f32]) -> u32 {
-    let mut best = (0, f32::NEG_INFINITY);
-    for (i, &x) in v.iter().enumerate() {
-        if x > best.1 {
-            best = (i, x);
-        }
-    }
-    best.0 as u32
 }
 
 /// The attention of a batch over one layer's KV cache: one task per (row, head).

@@ -272,6 +272,14 @@ unsafe fn pairs<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     }
 }
 
+/// `[dA x4 | dB x4]` from two f16 scales packed as `dA | dB << 16`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scales_x4(dd: u32) -> __m256 {
+    let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dd as i32))), idx)
+}
+
 /// Q8_0 rows × `N` activation rows, two blocks per step, on i16 lanes: per tile the weight blocks A and B
 /// are widened once into four registers `[A e0..8 | B e0..8]` … `[A e24..32 | B e24..32]`; per token four
 /// `vpmaddwd` against the activations' matching i16 groups (`Acts::qw`, memory operands) and three adds
@@ -284,7 +292,6 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     assert!(t0 + N <= stride && a.qp.len() >= stride * a.cols && a.dp4.len() >= npairs * stride * 8);
     assert!(a.qw.len() >= npairs * stride * 64);
     let ones = _mm256_set1_epi16(1);
-    let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     let ybase = a.qw.as_ptr().add(t0 * 64);
     let dbase = a.dp4.as_ptr().add(t0 * 8);
     for (r, row) in w.chunks_exact(rb).enumerate() {
@@ -294,7 +301,7 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
             let pa = row.add(2 * k * 34);
             let pb = pa.add(34);
             let dd = (pa as *const u16).read_unaligned() as u32 | (((pb as *const u16).read_unaligned() as u32) << 16);
-            let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dd as i32))), idx);
+            let dw = scales_x4(dd);
             let a0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pa.add(2) as *const __m128i));
             let a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pa.add(18) as *const __m128i));
             let b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(pb.add(2) as *const __m128i));
@@ -360,7 +367,6 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
     let shl = _mm256_setr_epi64x(4, 4, 2, 2);
     let shr = _mm256_setr_epi64x(0, 0, 2, 2);
     let ones = _mm256_set1_epi16(1);
-    let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     let ybase = a.qp.as_ptr().add(t0 * 64);
     let dbase = a.dp4.as_ptr().add(t0 * 8);
     let zbase = a.zp.as_ptr().add(t0 * 8);
@@ -370,7 +376,7 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
         for k in 0..npairs {
             let p = row.add(k * PAIR_BYTES);
             let dd = (p as *const u32).read_unaligned();
-            let dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dd as i32))), idx);
+            let dw = scales_x4(dd);
             let ql = _mm256_loadu_si256(p.add(4) as *const __m256i);
             let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(36) as *const __m128i));
             let qlo = _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_sllv_epi64(_mm256_and_si256(h, mask_l), shl));
