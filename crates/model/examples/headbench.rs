@@ -10,7 +10,7 @@ fn main() {
     let (d, v) = (m.config.n_embd, m.config.vocab_size);
     let mut ws = Workspace::new(threads);
     assert!(m.force_head_screen(threads), "no head screen for this head");
-    let x: Vec<f32> = (0..8 * d).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0)).collect();
+    let x: Vec<f32> = (0..8 * d).map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0).collect();
     let mut normed = vec![0.0; 8 * d];
     m.final_norm(&x, &mut normed);
     let mut logits = vec![0.0; 8 * v];
