@@ -433,17 +433,9 @@ impl Model {
     /// product. `SPECEE_HEAD_SCREEN=1`/`0` forces the screen on/off. Returns how many head rows got the exact
     /// product.
     pub fn head_argmax(&self, normed: &[f32], n: usize, out: &mut [u32], ws: &mut Workspace) -> usize {
-        let head = self.qmatrix(&self.weights.output);
-        let screen = self.head_screen.get_or_init(|| {
-            let on = match std::env::var("SPECEE_HEAD_SCREEN").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => head.data.len() >= SCREEN_MIN_BYTES,
-            };
-            on.then(|| HeadScreen::new(&head, ws.n_threads()).ok()).flatten()
-        });
         let d = self.config.n_embd;
-        if let Some(screen) = screen {
+        if let Some(screen) = self.screen(ws.n_threads(), false) {
+            let head = self.qmatrix(&self.weights.output);
             return screen.argmax(&ws.pool, &head, &normed[..n * d], n, &mut out[..n], &mut ws.mm);
         }
         let v = self.config.vocab_size;
@@ -461,11 +453,22 @@ impl Model {
     /// `SPECEE_HEAD_SCREEN=0`), building it on `threads` threads. Returns whether the screen is in use (a
     /// head that is not Q8_0 has none).
     pub fn force_head_screen(&self, threads: usize) -> bool {
-        let screen = self.head_screen.get_or_init(|| {
-            let off = std::env::var("SPECEE_HEAD_SCREEN").is_ok_and(|v| v == "0");
-            (!off).then(|| HeadScreen::new(&self.qmatrix(&self.weights.output), threads).ok()).flatten()
+        self.screen(threads, true).is_some()
+    }
+
+    /// The head screen, decided and built (on `threads` threads) on the first call: on when
+    /// `SPECEE_HEAD_SCREEN=1`, `force` or the head is large enough, off when `SPECEE_HEAD_SCREEN=0`.
+    fn screen(&self, threads: usize, force: bool) -> Option<&HeadScreen> {
+        let built = self.head_screen.get_or_init(|| {
+            let head = self.qmatrix(&self.weights.output);
+            let on = match std::env::var("SPECEE_HEAD_SCREEN").as_deref() {
+                Ok("0") => false,
+                Ok("1") => true,
+                _ => force || head.data.len() >= SCREEN_MIN_BYTES,
+            };
+            on.then(|| HeadScreen::new(&head, threads).ok()).flatten()
         });
-        screen.is_some()
+        built.as_ref()
     }
 
     /// Row `id` of the output head (the weights of token `id`'s logit), dequantized into `out` (`n_embd`).

@@ -300,8 +300,8 @@ impl<'m> SpecEeDecoder<'m> {
         &self.logits[..self.model.config.vocab_size]
     }
 
-    /// Runs `tokens` (a prompt) through every layer and returns the greedy next token (from the head screen:
-    /// no logits are left behind).
+    /// Runs `tokens` (a prompt) through every layer and returns the greedy next token
+    /// ([`model::Model::head_argmax`]: no logits are left behind).
     pub fn feed(&mut self, tokens: &[u32]) -> Result<u32, SpeculativeError> {
         if tokens.is_empty() {
             return Err(SpeculativeError::EmptyContext);
@@ -377,7 +377,8 @@ impl<'m> SpecEeDecoder<'m> {
     }
 
     /// The full head's greedy token for the current normed row: from its logits (kept in
-    /// [`SpecEeDecoder::logits`]) when `keep_logits`, else through the head screen (the same token, fewer bytes).
+    /// [`SpecEeDecoder::logits`]) when `keep_logits`, else from [`model::Model::head_argmax`] (the same token,
+    /// through the head screen where it is on).
     fn head_token(&mut self, keep_logits: bool) -> u32 {
         if keep_logits {
             self.full_head();

@@ -1,9 +1,10 @@
 //! The policy role: given the target's logits at every node of a verified [`DraftTree`], decide which path to
 //! keep and which token the target adds after it (the *bonus* token).
 //!
-//! - **Greedy** ([`accept_greedy`], or [`accept_greedy_tokens`] from the target's greedy tokens alone): from the root, step into the first child whose token is the target's own
-//!   greedy choice at the current node; stop when none is; the choice there is the bonus. The committed tokens are
-//!   therefore exactly the ones dense greedy decoding would produce.
+//! - **Greedy** ([`accept_greedy`], or [`accept_greedy_tokens`] from the target's greedy tokens alone): from the
+//!   root, step into the first child whose token is the target's own greedy choice at the current node; stop when
+//!   none is; the choice there is the bonus. The committed tokens are therefore exactly the ones dense greedy
+//!   decoding would produce.
 //! - **Sampling** ([`accept_sampled`]): recursive rejection sampling over the children of the current node
 //!   (SpecInfer's multi-draft verification; Jeon et al., 2024, "Recursive Speculative Decoding"). With `p` the
 //!   target distribution still to match and the children tried in order:
