@@ -1,5 +1,5 @@
 //! Times the output head alone: full logits (`head_full`) against the screened greedy argmax (`head_argmax`),
-//! for 1 and 4 rows (the screen forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads]`
+//! for 1, 2 and 4 rows of real hidden states (the screen forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads]`
 use model::{Model, Workspace};
 use std::time::Instant;
 
@@ -10,12 +10,15 @@ fn main() {
     let (d, v) = (m.config.n_embd, m.config.vocab_size);
     let mut ws = Workspace::new(threads);
     assert!(m.force_head_screen(threads), "no head screen for this head");
-    let x: Vec<f32> = (0..8 * d).map(|i| (i * 7919 % 1000) as f32 / 500.0 - 1.0).collect();
+    // Real hidden states: the last 8 rows of a forward over fixed token ids.
+    let ids: Vec<u32> = (0..40u32).map(|i| 300 + i * 37).collect();
+    let (mut kv, mut hidden) = (m.new_cache(64), Vec::new());
+    m.forward(&ids, &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
     let mut normed = vec![0.0; 8 * d];
-    m.final_norm(&x, &mut normed);
+    m.final_norm(&hidden[(ids.len() - 8) * d..], &mut normed);
     let mut logits = vec![0.0; 8 * v];
     let mut out = [0u32; 8];
-    for n in [1usize, 4] {
+    for n in [1usize, 2, 4] {
         for round in 0..3 {
             let t = Instant::now();
             for _ in 0..50 {
