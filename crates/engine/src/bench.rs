@@ -77,6 +77,8 @@ pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -
     let mut ws = Workspace::new(p.threads);
     let mut hidden = Vec::new();
     let mut runs = Vec::new();
+    // The steady state: the head screen (if the model uses one) is built now, not during a timed run.
+    m.warm_head_screen(p.threads);
     for rep in 0..=p.repetitions {
         // Prompt processing: one batch, logits for the last row (as llama-bench).
         kv.clear();

@@ -33,5 +33,5 @@ mod tests;
 pub use config::{Activation, Arch, Config, RopeStyle};
 pub use error::ModelError;
 pub use kv_cache::KvCache;
-pub use model::{Logits, Mask, Model, SCREEN_MIN_BYTES};
+pub use model::{Logits, Mask, Model, SCREEN_AFTER_CALLS, SCREEN_MIN_BYTES};
 pub use workspace::Workspace;

@@ -55,6 +55,8 @@ pub struct Model {
     /// The head's 6-bit screen for exact greedy argmax ([`Model::head_argmax`]), built on first use; `None`
     /// when the head is not Q8_0 or `SPECEE_HEAD_SCREEN=0`.
     head_screen: std::sync::OnceLock<Option<HeadScreen>>,
+    /// Greedy head calls made before the screen was built ([`SCREEN_AFTER_CALLS`]).
+    greedy_calls: std::sync::atomic::AtomicUsize,
 }
 
 /// Attention work items per pool thread (each a contiguous run of (row, head) tasks).
@@ -72,6 +74,11 @@ const FA_TILE_Q: usize = 64;
 /// 2-core AVX2 machine: Gemma 3 270M's 178 MB head decodes ~20% faster with it, SmolLM2's 30 MB head (much of
 /// it staying in a 32 MB L3) no faster.
 pub const SCREEN_MIN_BYTES: usize = 64 << 20;
+
+/// The head screen is built on the greedy head call after this many (0.3 s for Gemma's, paid back after ~130
+/// tokens at 1.3 ms each): a short one-shot generation never pays for it, a server or a long generation builds it
+/// once. [`Model::warm_head_screen`] builds it at once (benchmarks), `SPECEE_HEAD_SCREEN=1` on the first call.
+pub const SCREEN_AFTER_CALLS: usize = 256;
 
 /// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
@@ -107,7 +114,8 @@ impl Model {
         }
         let rope_inv = rope_inv_freq(config.rope_base, config.rope_dims);
         let rope_inv_swa = rope_inv_freq(config.rope_base_swa, config.rope_dims);
-        Ok(Model { config, weights, file, rope_inv, rope_inv_swa, head_screen: std::sync::OnceLock::new() })
+        let (head_screen, greedy_calls) = (std::sync::OnceLock::new(), std::sync::atomic::AtomicUsize::new(0));
+        Ok(Model { config, weights, file, rope_inv, rope_inv_swa, head_screen, greedy_calls })
     }
 
     /// The GGUF file (metadata, e.g. for the tokenizer).
@@ -427,14 +435,14 @@ impl Model {
     }
 
     /// The argmax token of each of `n` normed rows into `out` — the first maximum of [`Model::head_full`]'s
-    /// logits, exactly. A Q8_0 head of at least [`SCREEN_MIN_BYTES`] is read through a 6-bit screen plus the
-    /// exact rows of the few tokens it cannot rule out ([`kernels::screen`]; 23% fewer head bytes, the same
-    /// instructions per weight, so it pays where the head product is memory-bound); others take the full
-    /// product. `SPECEE_HEAD_SCREEN=1`/`0` forces the screen on/off. Returns how many head rows got the exact
-    /// product.
+    /// logits, exactly. A Q8_0 head of at least [`SCREEN_MIN_BYTES`] is read (after [`SCREEN_AFTER_CALLS`]
+    /// calls) through a 6-bit screen plus the exact rows of the few tokens it cannot rule out
+    /// ([`kernels::screen`]; 23% fewer head bytes, the same instructions per weight, so it pays where the head
+    /// product is memory-bound); others take the full product. `SPECEE_HEAD_SCREEN=1`/`0` forces the screen
+    /// on/off. Returns how many head rows got the exact product.
     pub fn head_argmax(&self, normed: &[f32], n: usize, out: &mut [u32], ws: &mut Workspace) -> usize {
         let d = self.config.n_embd;
-        if let Some(screen) = self.screen(ws.n_threads(), false) {
+        if let Some(screen) = self.screen(ws.n_threads()) {
             let head = self.qmatrix(&self.weights.output);
             return screen.argmax(&ws.pool, &head, &normed[..n * d], n, &mut out[..n], &mut ws.mm);
         }
@@ -453,18 +461,44 @@ impl Model {
     /// `SPECEE_HEAD_SCREEN=0`), building it on `threads` threads. Returns whether the screen is in use (a
     /// head that is not Q8_0 has none).
     pub fn force_head_screen(&self, threads: usize) -> bool {
-        self.screen(threads, true).is_some()
+        self.build_screen(threads, Some(true)).is_some()
     }
 
-    /// The head screen, decided and built (on `threads` threads) on the first call: on when
-    /// `SPECEE_HEAD_SCREEN=1`, `force` or the head is large enough, off when `SPECEE_HEAD_SCREEN=0`.
-    fn screen(&self, threads: usize, force: bool) -> Option<&HeadScreen> {
+    /// Builds the head screen now if [`Model::head_argmax`] would use it (a large enough Q8_0 head, or
+    /// `SPECEE_HEAD_SCREEN=1`), instead of after [`SCREEN_AFTER_CALLS`] greedy calls: for benchmarks, which time
+    /// the steady state. Returns whether the screen is in use.
+    pub fn warm_head_screen(&self, threads: usize) -> bool {
+        self.build_screen(threads, None).is_some()
+    }
+
+    /// The head screen for a greedy call: none while the head does not qualify or fewer than
+    /// [`SCREEN_AFTER_CALLS`] calls were made (unless `SPECEE_HEAD_SCREEN=1`), then built once.
+    fn screen(&self, threads: usize) -> Option<&HeadScreen> {
+        if let Some(built) = self.head_screen.get() {
+            return built.as_ref();
+        }
+        let head = self.qmatrix(&self.weights.output);
+        let wanted = screen_setting().unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= SCREEN_MIN_BYTES);
+        if !wanted {
+            return self.head_screen.get_or_init(|| None).as_ref();
+        }
+        let calls = self.greedy_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if calls < SCREEN_AFTER_CALLS && screen_setting().is_none() {
+            return None;
+        }
+        self.build_screen(threads, None)
+    }
+
+    /// Decides (`force`, else `SPECEE_HEAD_SCREEN`, else the head's size) and builds the screen on `threads`
+    /// threads, once; `SPECEE_HEAD_SCREEN=0` always wins.
+    fn build_screen(&self, threads: usize, force: Option<bool>) -> Option<&HeadScreen> {
         let built = self.head_screen.get_or_init(|| {
             let head = self.qmatrix(&self.weights.output);
-            let on = match std::env::var("SPECEE_HEAD_SCREEN").as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => force || head.data.len() >= SCREEN_MIN_BYTES,
+            let on = match (screen_setting(), force) {
+                (Some(false), _) => false,
+                (_, Some(f)) => f,
+                (Some(true), None) => true,
+                (None, None) => head.data.len() >= SCREEN_MIN_BYTES,
             };
             on.then(|| HeadScreen::new(&head, threads).ok()).flatten()
         });
@@ -574,6 +608,15 @@ impl Model {
         ws.normed = normed;
         ws.logits = logits;
         Ok(&ws.logits[..rows * v])
+    }
+}
+
+/// `SPECEE_HEAD_SCREEN`: `Some(true)` for `1`, `Some(false)` for `0`, `None` otherwise (automatic).
+fn screen_setting() -> Option<bool> {
+    match std::env::var("SPECEE_HEAD_SCREEN").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
     }
 }
 

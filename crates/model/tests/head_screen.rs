@@ -82,6 +82,34 @@ fn gemma3_screened_greedy_equals_full_head() {
     check("gemma-3-270m-q4_k_m.gguf", "gemma3.greedy_raw.jsonl");
 }
 
+/// Gemma's head qualifies for the screen, which is built only after `SCREEN_AFTER_CALLS` greedy calls (so a
+/// short generation never pays for it); the tokens are the same before and after.
+#[test]
+fn gemma3_screen_is_built_after_enough_greedy_calls() {
+    if std::env::var_os("SPECEE_HEAD_SCREEN").is_some() {
+        return; // forced on or off: the automatic rule is not in play
+    }
+    let dir = std::env::var_os("SPECEE_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("models"));
+    let m = Model::load(dir.join("gemma-3-270m-q4_k_m.gguf")).unwrap();
+    let d = m.config.n_embd;
+    let mut ws = Workspace::new(2);
+    let (mut kv, mut hidden) = (m.new_cache(16), Vec::new());
+    m.forward(&[2, 651, 6037, 529], &mut kv, &mut ws, &mut hidden, Logits::None).unwrap();
+    let mut normed = vec![0.0f32; d];
+    m.final_norm(&hidden[3 * d..], &mut normed);
+    let v = m.config.vocab_size;
+    let mut t = [0u32];
+    for call in 0..=model::SCREEN_AFTER_CALLS {
+        let exact_rows = m.head_argmax(&normed, 1, &mut t, &mut ws);
+        // Before the screen: the full product (every row exact); from the call that builds it: a few rows.
+        assert_eq!(exact_rows == v, call < model::SCREEN_AFTER_CALLS, "call {call}: {exact_rows} exact rows");
+    }
+    let want = t[0];
+    assert!(m.warm_head_screen(2));
+    m.head_argmax(&normed, 1, &mut t, &mut ws);
+    assert_eq!(t[0], want);
+}
+
 #[test]
 fn empty_greedy_step_is_an_error() {
     let m = model::testing::tiny_model("llama", None, 1, 64);

