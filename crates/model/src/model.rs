@@ -461,14 +461,14 @@ impl Model {
     /// `SPECEE_HEAD_SCREEN=0`), building it on `threads` threads. Returns whether the screen is in use (a
     /// head that is not Q8_0 has none).
     pub fn force_head_screen(&self, threads: usize) -> bool {
-        self.build_screen(threads, Some(true)).is_some()
+        self.build_screen(threads, true).is_some()
     }
 
     /// Builds the head screen now if [`Model::head_argmax`] would use it (a large enough Q8_0 head, or
     /// `SPECEE_HEAD_SCREEN=1`), instead of after [`SCREEN_AFTER_CALLS`] greedy calls: for benchmarks, which time
     /// the steady state. Returns whether the screen is in use.
     pub fn warm_head_screen(&self, threads: usize) -> bool {
-        self.build_screen(threads, None).is_some()
+        self.build_screen(threads, false).is_some()
     }
 
     /// The head screen for a greedy call: none while the head does not qualify or fewer than
@@ -477,30 +477,31 @@ impl Model {
         if let Some(built) = self.head_screen.get() {
             return built.as_ref();
         }
-        let head = self.qmatrix(&self.weights.output);
-        let wanted = screen_setting().unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= SCREEN_MIN_BYTES);
-        if !wanted {
+        let setting = screen_setting();
+        if !self.screen_wanted(setting) {
             return self.head_screen.get_or_init(|| None).as_ref();
         }
         let calls = self.greedy_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if calls < SCREEN_AFTER_CALLS && screen_setting().is_none() {
+        if calls < SCREEN_AFTER_CALLS && setting.is_none() {
             return None;
         }
-        self.build_screen(threads, None)
+        self.build_screen(threads, false)
     }
 
-    /// Decides (`force`, else `SPECEE_HEAD_SCREEN`, else the head's size) and builds the screen on `threads`
-    /// threads, once; `SPECEE_HEAD_SCREEN=0` always wins.
-    fn build_screen(&self, threads: usize, force: Option<bool>) -> Option<&HeadScreen> {
+    /// Whether greedy calls use the screen: as `SPECEE_HEAD_SCREEN` says (`setting`), else for a Q8_0 head of at
+    /// least [`SCREEN_MIN_BYTES`].
+    fn screen_wanted(&self, setting: Option<bool>) -> bool {
+        let head = self.qmatrix(&self.weights.output);
+        setting.unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= SCREEN_MIN_BYTES)
+    }
+
+    /// Builds the screen on `threads` threads, once, if it is wanted or `force`d; `SPECEE_HEAD_SCREEN=0` always
+    /// wins.
+    fn build_screen(&self, threads: usize, force: bool) -> Option<&HeadScreen> {
         let built = self.head_screen.get_or_init(|| {
-            let head = self.qmatrix(&self.weights.output);
-            let on = match (screen_setting(), force) {
-                (Some(false), _) => false,
-                (_, Some(f)) => f,
-                (Some(true), None) => true,
-                (None, None) => head.data.len() >= SCREEN_MIN_BYTES,
-            };
-            on.then(|| HeadScreen::new(&head, threads).ok()).flatten()
+            let setting = screen_setting();
+            let on = setting != Some(false) && (force || self.screen_wanted(setting));
+            on.then(|| HeadScreen::new(&self.qmatrix(&self.weights.output), threads).ok()).flatten()
         });
         built.as_ref()
     }
