@@ -80,9 +80,16 @@ fn main() {
         if !filter.is_empty() && !name.contains(&filter) {
             continue;
         }
-        let data = random_matrix(ty, rows, cols);
-        let w = QMatrix::new(ty, &data, rows, cols).unwrap();
-        let mut line = format!("{name:<18}");
+        let plain = random_matrix(ty, rows, cols);
+        // Interleavable types are measured as the engine loads them (interleaved by 8 rows).
+        let x8 = kernels::repack::interleavable(ty);
+        let data = if x8 { kernels::repack::interleave8(ty, &plain, rows, cols) } else { plain };
+        let w = if x8 {
+            QMatrix::interleaved8(ty, &data, rows, cols).unwrap()
+        } else {
+            QMatrix::new(ty, &data, rows, cols).unwrap()
+        };
+        let mut line = format!("{:<18}", if x8 { format!("{name} x8") } else { name });
         let mut base = 0.0;
         for n in [1usize, 2, 4, 8, 16] {
             let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();

@@ -49,9 +49,26 @@ pub fn x8_block_bytes(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_0 => Some(x8_legacy_bytes(false)),
         GgmlType::Q4_1 => Some(x8_legacy_bytes(true)),
         GgmlType::Q4_K => Some(Q4_K_X8_BYTES),
+        GgmlType::Q8_0 => Some(Q8_0_X8_BYTES),
         _ => None,
     }
 }
+
+/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q8_0 only where
+/// the CPU has the AVX-512 VNNI kernel for it (elsewhere its interleaved products would take the scalar path).
+pub fn interleave_pays(ty: GgmlType) -> bool {
+    match ty {
+        GgmlType::Q8_0 => crate::kernel::Isa::current() == crate::kernel::Isa::Avx512,
+        _ => interleavable(ty),
+    }
+}
+
+/// Bytes of one block column of 8 interleaved Q8_0 rows: the eight rows' `d` (f16), their `-128 · Σ q` (i32:
+/// the VNNI kernel's offset for activations stored as `y + 128`), then 256 bytes of values.
+pub const Q8_0_X8_BYTES: usize = 16 + 32 + 256;
+/// Where the interleaved Q8_0 offsets and values start.
+pub const Q8_0_X8_OFFSETS: usize = 16;
+pub const Q8_0_X8_QS: usize = 48;
 
 /// Bytes of one block column of 8 interleaved Q4_0/Q4_1 rows: the eight rows' `d` (f16), for Q4_1 their `m`
 /// (f16), then 128 bytes of nibbles.
@@ -90,6 +107,8 @@ pub const Q4_K_X8_QS: usize = 160;
 /// - Q4_K: `d`, `dmin`, the decoded 6-bit scales and mins as bytes, then 32 registers; register `8k + i` holds
 ///   row `r`'s `qs[32k+4i..32k+4i+4]` (low nibbles: sub-block `2k`'s values `4i..4i+4`, high: sub-block `2k+1`'s).
 ///   32 bytes per 8 rows larger than the file (the scales unpacked).
+/// - Q8_0: `d`, `-128 · Σ q` per row (i32), then eight registers; register `i` holds row `r`'s `qs[4i..4i+4]`.
+///   32 bytes per 8 rows and block larger than the file.
 pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     let xb = x8_block_bytes(ty).unwrap_or_else(|| panic!("interleave8: {} cannot be interleaved", ty.name()));
     let (bytes, block) = (ty.type_size(), ty.block_size());
@@ -108,10 +127,16 @@ pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8
                 let blk = &src[(8 * g + r) * rb + b * bytes..][..bytes];
                 // d, then dmin (Q4_K) or m (Q4_1): f16 fields at the front of every type's block.
                 dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                if ty != GgmlType::Q4_0 {
+                if ty != GgmlType::Q4_0 && ty != GgmlType::Q8_0 {
                     dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                 }
                 let (qs, regs) = match ty {
+                    GgmlType::Q8_0 => {
+                        let sum: i32 = blk[2..].iter().map(|&q| q as i8 as i32).sum();
+                        let at = Q8_0_X8_OFFSETS + 4 * r;
+                        dst[at..at + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
+                        (&blk[2..], &mut dst[Q8_0_X8_QS..])
+                    }
                     GgmlType::Q4_K => {
                         let (sc, mn) = crate::blocks::k4_scales_mins(&blk[4..16]);
                         for (j, (s, m)) in sc.to_le_bytes().into_iter().zip(mn.to_le_bytes()).enumerate() {

@@ -347,23 +347,32 @@ fn every_row_is_bit_identical_whatever_the_token_count() {
     }
 }
 
-/// Q4_0/Q4_1/Q4_K interleaved by 8 rows give the plain layout's products on every level (up to float summation
-/// order), for ragged shapes and every tile size, and a row's result does not depend on how many activation
-/// rows share the call.
+/// Q4_0/Q4_1/Q4_K/Q8_0 interleaved by 8 rows give the plain layout's products on every level (up to float
+/// summation order), for ragged shapes and every tile size, and a row's result does not depend on how many
+/// activation rows share the call.
 #[test]
-fn interleaved_q4_matches_the_row_layout() {
+fn interleaved_matrices_match_the_row_layout() {
     let mut rng = Rng(0x51_7cc1_b727_220a);
     let pool = ThreadPool::new(2);
     let mut scratch = MatmulScratch::default();
     let legacy = [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)];
     let k_shapes = [(8, 256), (24, 512), (48, 1536)];
-    let cases = [(GgmlType::Q4_0, &legacy[..]), (GgmlType::Q4_1, &legacy[..]), (GgmlType::Q4_K, &k_shapes[..])];
+    let cases = [
+        (GgmlType::Q4_0, &legacy[..]),
+        (GgmlType::Q4_1, &legacy[..]),
+        (GgmlType::Q4_K, &k_shapes[..]),
+        (GgmlType::Q8_0, &legacy[..]),
+    ];
     for (ty, shapes) in cases {
         for &(rows, cols) in shapes {
             let data = random_weights(ty, rows, cols, &mut rng);
             let plain = QMatrix::new(ty, &data, rows, cols).unwrap();
             let packed_data = repack::interleave8(ty, &data, rows, cols);
-            let extra = if ty == GgmlType::Q4_K { 32 * rows / 8 * cols / 256 } else { 0 };
+            let extra = match ty {
+                GgmlType::Q4_K => 32 * rows / 8 * cols / 256,
+                GgmlType::Q8_0 => 32 * rows / 8 * cols / 32,
+                _ => 0,
+            };
             assert_eq!(packed_data.len(), data.len() + extra);
             let packed = QMatrix::interleaved8(ty, &packed_data, rows, cols).unwrap();
             let wf = dequantized(ty, &data, rows, cols);
@@ -406,6 +415,10 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
     assert!(QMatrix::interleaved8(GgmlType::Q4_K, &q4_k, 8, 256).is_ok());
     assert!(QMatrix::interleaved8(GgmlType::Q4_K, &q4_k[..8 * 144], 8, 256).is_err());
     assert_eq!(QMatrix::interleaved8(GgmlType::Q4_K, &q4_k, 8, 256).unwrap().row_bytes(), 148);
-    let q8_0 = vec![0u8; 8 * 34];
-    assert!(QMatrix::interleaved8(GgmlType::Q8_0, &q8_0, 8, 32).is_err());
+    // Q8_0: 304 bytes per 8 rows and block (the offsets added), not the file's 8 × 34.
+    let q8_0 = vec![0u8; 304];
+    assert!(QMatrix::interleaved8(GgmlType::Q8_0, &q8_0[..8 * 34], 8, 32).is_err());
+    assert_eq!(QMatrix::interleaved8(GgmlType::Q8_0, &q8_0, 8, 32).unwrap().row_bytes(), 38);
+    let q6_k = vec![0u8; 8 * 210];
+    assert!(QMatrix::interleaved8(GgmlType::Q6_K, &q6_k, 8, 256).is_err());
 }

@@ -682,7 +682,7 @@ unsafe fn q4_x8<const MIN: bool>(
     let nb = cols / 32;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
-    for_groups(w, nb * crate::repack::x8_legacy_bytes(MIN), nt, out, stride, |grp, j, n, o| match n {
+    for_groups(w, nb * crate::repack::x8_legacy_bytes(MIN), nt, 4, out, stride, |grp, j, n, o| match n {
         1 => q4_x8_tokens::<MIN, 1>(grp, a, t0 + j, o, stride),
         2 => q4_x8_tokens::<MIN, 2>(grp, a, t0 + j, o, stride),
         3 => q4_x8_tokens::<MIN, 3>(grp, a, t0 + j, o, stride),
@@ -691,16 +691,17 @@ unsafe fn q4_x8<const MIN: bool>(
 }
 
 /// Walks the groups of 8 interleaved rows (`group_bytes` each) of `w` and, per group, the activation rows in
-/// runs of up to 4 (the register budget of the group kernels: per activation row an integer block sum and an
+/// runs of up to `run` (the register budget of a group kernel: per activation row an integer block sum and an
 /// f32 accumulator): calls `f(group, first row j, run length, &out[j * stride + 8 * group])`.
 ///
 /// # Safety
 /// `f` gets a pointer into `out` with room for its run's rows at `stride` and 8 lanes each (checked here).
 #[inline(always)]
-unsafe fn for_groups(
+pub(super) unsafe fn for_groups(
     w: &[u8],
     group_bytes: usize,
     nt: usize,
+    run: usize,
     out: &mut [f32],
     stride: usize,
     mut f: impl FnMut(*const u8, usize, usize, *mut f32),
@@ -711,8 +712,8 @@ unsafe fn for_groups(
         let grp = w.as_ptr().add(g * group_bytes);
         let mut j = 0;
         while j < nt {
-            f(grp, j, (nt - j).min(4), out.as_mut_ptr().add(j * stride + 8 * g));
-            j += 4;
+            f(grp, j, (nt - j).min(run), out.as_mut_ptr().add(j * stride + 8 * g));
+            j += run;
         }
     }
 }
@@ -785,7 +786,7 @@ unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &m
     let nb = cols / 256;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
-    for_groups(w, nb * crate::repack::Q4_K_X8_BYTES, nt, out, stride, |grp, j, n, o| match n {
+    for_groups(w, nb * crate::repack::Q4_K_X8_BYTES, nt, 4, out, stride, |grp, j, n, o| match n {
         1 => q4_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
         2 => q4_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
         3 => q4_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
@@ -797,7 +798,7 @@ unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &m
 /// multiplier of a `vpmaddwd` against per-row pairs of i16 sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dup16(p: *const u8) -> __m256i {
+pub(super) unsafe fn dup16(p: *const u8) -> __m256i {
     let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
     _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
 }

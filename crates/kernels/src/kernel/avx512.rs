@@ -385,3 +385,254 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
         }
     }
 }
+
+/// How far ahead of the block being read the interleaved kernels prefetch weights. The hardware prefetchers
+/// stop at 4 KiB page boundaries, and a layer's matrices are small (a thread's share of SmolLM2's 576 × 576 Q4_1
+/// is 93 KB), so without it the multi-row kernels wait on memory at every page.
+const PREFETCH_BYTES: usize = 1024;
+
+/// Prefetches the `len` bytes that lie [`PREFETCH_BYTES`] after `p` (may point past the matrix: prefetches do not
+/// fault).
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + off) as *const i8);
+        off += 64;
+    }
+}
+
+/// The interleaved Q4_0 (`MIN = false`) or Q4_1 kernel ([`crate::repack::interleave8`]) with VNNI. Only called
+/// after `Isa::Avx512.available()`.
+pub(crate) fn q4_x8_kernel<const MIN: bool>() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q4_x8` checks the shapes it
+    // reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN>(w, cols, a, t0, nt, o, stride) }
+}
+
+/// Q4_0/Q4_1 weights interleaved by 8 rows × `nt` activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q4_x8<const MIN: bool>(
+    w: &[u8],
+    cols: usize,
+    a: &Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let nb = cols / 32;
+    assert!(a.nb == nb && a.cols == cols);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
+    let group_bytes = nb * crate::repack::x8_legacy_bytes(MIN);
+    super::avx2::for_groups(w, group_bytes, nt, super::TILE, out, stride, |grp, j, n, o| {
+        tile!(q4_x8_tokens::<MIN>, n, grp, a, t0 + j, o, stride)
+    });
+}
+
+/// One group of 8 interleaved Q4_0/Q4_1 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+///
+/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 8 rows): the nibbles are unpacked once, and
+/// per activation row two `vpdpbusd` (unsigned nibbles × the row's 4 signed values broadcast to every lane) add
+/// into the 8 rows' i32 block sums — no i16 stage. Then, as the AVX2 kernel (same integers, same float
+/// operations, so the same results): `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0) and
+/// `s_x = d_x·Σx`. With few activation rows the low and high nibbles add into separate sums (shorter chains).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
+    grp: *const u8,
+    a: &Acts,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let (nb, cols) = (a.nb, a.cols);
+    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let split = G <= 4;
+    let low4 = _mm256_set1_epi8(0x0F);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let d0 = a.d.as_ptr().add(t * nb);
+    let s0 = a.s.as_ptr().add(t * nb);
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let blk = grp.add(b * xb);
+        prefetch_ahead(blk, xb);
+        let mut lo_sum = [_mm256_setzero_si256(); G];
+        let mut hi_sum = [_mm256_setzero_si256(); G];
+        for i in 0..4 {
+            let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
+            let lo = _mm256_and_si256(p, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
+            for j in 0..G {
+                let y = y0.add(j * cols + 32 * b + 4 * i);
+                let ylo = _mm256_set1_epi32((y as *const i32).read_unaligned());
+                let yhi = _mm256_set1_epi32((y.add(16) as *const i32).read_unaligned());
+                lo_sum[j] = _mm256_dpbusd_epi32(lo_sum[j], lo, ylo);
+                if split {
+                    hi_sum[j] = _mm256_dpbusd_epi32(hi_sum[j], hi, yhi);
+                } else {
+                    lo_sum[j] = _mm256_dpbusd_epi32(lo_sum[j], hi, yhi);
+                }
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        let cw = if MIN {
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i))
+        } else {
+            _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
+        };
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let sum = if split { _mm256_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] };
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *acc);
+            *acc = _mm256_fmadd_ps(cw, _mm256_set1_ps(*s0.add(j * nb + b)), *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(j * stride), *acc);
+    }
+}
+
+/// The interleaved Q4_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
+/// `Isa::Avx512.available()`.
+pub(crate) fn q4_k_x8_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q4_k_x8` checks the shapes it
+    // reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q4_k_x8(w, cols, a, t0, nt, o, stride) }
+}
+
+/// Q4_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    let nb = cols / 256;
+    assert!(a.nb == nb && a.cols == cols);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
+    super::avx2::for_groups(w, nb * crate::repack::Q4_K_X8_BYTES, nt, super::TILE, out, stride, |grp, j, n, o| {
+        tile!(q4_k_x8_tokens, n, grp, a, t0 + j, o, stride)
+    });
+}
+
+/// One group of 8 interleaved Q4_K rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+///
+/// Per sub-block: 8 registers of nibbles (4 values of each row), each `vpdpbusd`'d with the activation's 4
+/// values broadcast into the rows' i32 sub-block sums, which are multiplied by the rows' 6-bit scales
+/// (`vpmulld`) and added up; the mins term is one `vpdpwssd` per sub-block of the rows' mins with the
+/// activation's pair of 16-value sums. Per super-block: `d_x·(d_w·Σ sc·dot − dmin_w·Σ m·bsum)` in two FMAs, as
+/// the AVX2 kernel (same integers, same float operations).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+    use crate::repack::{Q4_K_X8_BYTES, Q4_K_X8_MINS, Q4_K_X8_QS, Q4_K_X8_SCALES};
+    let (nb, cols) = (a.nb, a.cols);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let blk = grp.add(b * Q4_K_X8_BYTES);
+        let mut isum = [_mm256_setzero_si256(); G];
+        for sb in 0..8 {
+            let q = blk.add(Q4_K_X8_QS + 256 * (sb / 2));
+            if sb % 2 == 0 {
+                prefetch_ahead(q, 256);
+            }
+            let mut sub = [_mm256_setzero_si256(); G];
+            for i in 0..8 {
+                let p = _mm256_loadu_si256(q.add(32 * i) as *const __m256i);
+                let v = if sb % 2 == 0 {
+                    _mm256_and_si256(p, low4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4)
+                };
+                for (j, sub) in sub.iter_mut().enumerate() {
+                    let y = y0.add(j * cols + 256 * b + 32 * sb + 4 * i);
+                    *sub = _mm256_dpbusd_epi32(*sub, v, _mm256_set1_epi32((y as *const i32).read_unaligned()));
+                }
+            }
+            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(Q4_K_X8_SCALES + 8 * sb) as *const __m128i));
+            for (j, isum) in isum.iter_mut().enumerate() {
+                *isum = _mm256_add_epi32(*isum, _mm256_mullo_epi32(sub[j], sc));
+            }
+        }
+        let mut msum = [_mm256_setzero_si256(); G];
+        for sb in 0..8 {
+            let m = super::avx2::dup16(blk.add(Q4_K_X8_MINS + 8 * sb));
+            for (j, msum) in msum.iter_mut().enumerate() {
+                let bs = a.bsums.as_ptr().add(((t + j) * nb + b) * 16 + 2 * sb);
+                *msum = _mm256_dpwssd_epi32(*msum, m, _mm256_set1_epi32((bs as *const i32).read_unaligned()));
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let dy = _mm256_set1_ps(*a.d.as_ptr().add((t + j) * nb + b));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
+            *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(j * stride), *acc);
+    }
+}
+
+/// The interleaved Q8_0 kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
+/// `Isa::Avx512.available()`.
+pub(crate) fn q8_x8_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q8_x8` checks the shapes it
+    // reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q8_x8(w, cols, a, t0, nt, o, stride) }
+}
+
+/// Q8_0 weights interleaved by 8 rows × `nt` activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q8_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    let nb = cols / 32;
+    assert!(a.nb == nb && a.cols == cols);
+    assert!(a.qu.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
+    super::avx2::for_groups(w, nb * crate::repack::Q8_0_X8_BYTES, nt, super::TILE, out, stride, |grp, j, n, o| {
+        tile!(q8_x8_tokens, n, grp, a, t0 + j, o, stride)
+    });
+}
+
+/// One group of 8 interleaved Q8_0 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+///
+/// Per block: the rows' sums start at their stored `-128 · Σq`; per register `i` (values `4i..4i+4` of the 8
+/// rows) and activation row, one `vpdpbusd` of the row's 4 values as unsigned `y + 128` (broadcast) with the
+/// signed weights; then `d_w·d_x·sum` in one FMA, as [`super::scalar::q8_x8`]'s integers and float operations.
+/// With few activation rows the even and odd registers add into separate sums (shorter chains).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn q8_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+    use crate::repack::{Q8_0_X8_BYTES, Q8_0_X8_OFFSETS, Q8_0_X8_QS};
+    let (nb, cols) = (a.nb, a.cols);
+    let split = G <= 4;
+    let y0 = a.qu.as_ptr().add(t * cols);
+    let d0 = a.d.as_ptr().add(t * nb);
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let blk = grp.add(b * Q8_0_X8_BYTES);
+        prefetch_ahead(blk, Q8_0_X8_BYTES);
+        let init = _mm256_loadu_si256(blk.add(Q8_0_X8_OFFSETS) as *const __m256i);
+        let mut even = [init; G];
+        let mut odd = [_mm256_setzero_si256(); G];
+        for i in 0..8 {
+            let wv = _mm256_loadu_si256(blk.add(Q8_0_X8_QS + 32 * i) as *const __m256i);
+            for j in 0..G {
+                let y = _mm256_set1_epi32((y0.add(j * cols + 32 * b + 4 * i) as *const i32).read_unaligned());
+                if split && i % 2 == 1 {
+                    odd[j] = _mm256_dpbusd_epi32(odd[j], y, wv);
+                } else {
+                    even[j] = _mm256_dpbusd_epi32(even[j], y, wv);
+                }
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let sum = if split { _mm256_add_epi32(even[j], odd[j]) } else { even[j] };
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(j * stride), *acc);
+    }
+}

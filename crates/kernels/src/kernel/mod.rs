@@ -46,15 +46,26 @@ pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Optio
     }
 }
 
-/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q4_K). AVX-512 machines use the AVX2
-/// kernels.
+/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q4_K, Q8_0; AVX2 has no Q8_0 one: such
+/// matrices are interleaved only where [`crate::repack::interleave_pays`]).
 pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && Isa::Avx512.available() {
+        return match ty {
+            GgmlType::Q4_0 => Some(avx512::q4_x8_kernel::<false>()),
+            GgmlType::Q4_1 => Some(avx512::q4_x8_kernel::<true>()),
+            GgmlType::Q4_K => Some(avx512::q4_k_x8_kernel()),
+            GgmlType::Q8_0 => Some(avx512::q8_x8_kernel()),
+            _ => None,
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.available() {
         return match ty {
             GgmlType::Q4_0 => Some(avx2::q4_x8_kernel::<false>()),
             GgmlType::Q4_1 => Some(avx2::q4_x8_kernel::<true>()),
             GgmlType::Q4_K => Some(avx2::q4_k_x8_kernel()),
+            GgmlType::Q8_0 => Some(scalar::q8_x8),
             _ => None,
         };
     }
@@ -63,6 +74,7 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
         GgmlType::Q4_0 => Some(scalar::q4_x8::<false>),
         GgmlType::Q4_1 => Some(scalar::q4_x8::<true>),
         GgmlType::Q4_K => Some(scalar::q4_k_x8),
+        GgmlType::Q8_0 => Some(scalar::q8_x8),
         _ => None,
     }
 }

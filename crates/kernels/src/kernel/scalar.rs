@@ -341,6 +341,32 @@ pub(crate) fn q4_x8<const MIN: bool>(
     }
 }
 
+/// Q8_0 weights interleaved by 8 rows ([`crate::repack::interleave8`]) × `nt` activation rows:
+/// `out[j * stride + r] = dot(row r, activation row t0 + j)`, the formula of [`dot_q8_0`].
+pub(crate) fn q8_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    use crate::repack::{Q8_0_X8_BYTES, Q8_0_X8_QS};
+    let nb = cols / QK;
+    for (g, grp) in w.chunks_exact(nb * Q8_0_X8_BYTES).enumerate() {
+        for j in 0..nt {
+            let (qs, d, _) = q8(a, t0 + j);
+            let mut sumf = [0.0f32; 8];
+            for (b, blk) in grp.chunks_exact(Q8_0_X8_BYTES).enumerate() {
+                let y = &qs[b * QK..b * QK + QK];
+                for (r, sumf) in sumf.iter_mut().enumerate() {
+                    let mut sumi = 0i32;
+                    for i in 0..8 {
+                        for e in 0..4 {
+                            sumi += blk[Q8_0_X8_QS + 32 * i + 4 * r + e] as i8 as i32 * y[4 * i + e] as i32;
+                        }
+                    }
+                    *sumf += (read_f16(blk, 2 * r) * d[b]) * sumi as f32;
+                }
+            }
+            out[j * stride + 8 * g..j * stride + 8 * g + 8].copy_from_slice(&sumf);
+        }
+    }
+}
+
 /// Q4_K weights interleaved by 8 rows ([`crate::repack::interleave8`]) × `nt` activation rows:
 /// `out[j * stride + r] = dot(row r, activation row t0 + j)`, the formula of [`dot_q4_k`].
 pub(crate) fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
