@@ -145,6 +145,8 @@ impl HeadScreen {
         }
         let screen_kernel = match isa {
             #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 if Isa::Avx512.available() => crate::kernel::avx512::screen6_kernel(),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::Avx512 if Isa::Avx2.available() => crate::kernel::avx2::screen6_kernel(),
             _ => crate::kernel::scalar::screen6,
         };
@@ -392,6 +394,10 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if Isa::Avx2.available() {
             levels.push((Isa::Avx2, Kernel::Rows(crate::kernel::avx2::screen6_kernel())));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx512.available() {
+            levels.push((Isa::Avx512, Kernel::Rows(crate::kernel::avx512::screen6_kernel())));
         }
         let mut first: Option<Vec<f32>> = None;
         for (isa, kernel) in levels {

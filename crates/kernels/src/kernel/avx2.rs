@@ -69,7 +69,7 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// tree (21 vector operations and one store instead of eight separate reductions).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn hsums<const N: usize>(acc: &[__m256; N], out: &mut [f32]) {
+pub(super) unsafe fn hsums<const N: usize>(acc: &[__m256; N], out: &mut [f32]) {
     if N != 8 {
         for j in 0..N {
             out[j] = hsum(acc[j]);
@@ -361,11 +361,6 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
     assert!(
         a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
     );
-    let low4 = _mm256_set1_epi8(0x0F);
-    let mask_l = _mm256_setr_m128i(_mm_set1_epi8(0x03), _mm_set1_epi8(0x0C));
-    let mask_h = _mm256_setr_m128i(_mm_set1_epi8(0x30), _mm_set1_epi8(0xC0u8 as i8));
-    let shl = _mm256_setr_epi64x(4, 4, 2, 2);
-    let shr = _mm256_setr_epi64x(0, 0, 2, 2);
     let ones = _mm256_set1_epi16(1);
     let ybase = a.qp.as_ptr().add(t0 * 64);
     let dbase = a.dp4.as_ptr().add(t0 * 8);
@@ -374,16 +369,7 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
         for k in 0..npairs {
-            let p = row.add(k * PAIR_BYTES);
-            let dd = (p as *const u32).read_unaligned();
-            let dw = scales_x4(dd);
-            let ql = _mm256_loadu_si256(p.add(4) as *const __m256i);
-            let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(36) as *const __m128i));
-            let qlo = _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_sllv_epi64(_mm256_and_si256(h, mask_l), shl));
-            let qhi = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low4),
-                _mm256_srlv_epi64(_mm256_and_si256(h, mask_h), shr),
-            );
+            let (dw, qlo, qhi) = screen_pair(row.add(k * PAIR_BYTES));
             let off = k * stride;
             for (j, acc) in acc.iter_mut().enumerate() {
                 let y = ybase.add((off + j) * 64) as *const __m256i;
@@ -399,6 +385,27 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
         }
         hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
+}
+
+/// Unpacks one pair of the head screen's 6-bit blocks at `p` ([`crate::screen`]): the scales `[dA ×4, dB ×4]` and
+/// the unsigned values in the activations' pair order (`Acts::qp`), low and high halves.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn screen_pair(p: *const u8) -> (__m256, __m256i, __m256i) {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let mask_l = _mm256_setr_m128i(_mm_set1_epi8(0x03), _mm_set1_epi8(0x0C));
+    let mask_h = _mm256_setr_m128i(_mm_set1_epi8(0x30), _mm_set1_epi8(0xC0u8 as i8));
+    let shl = _mm256_setr_epi64x(4, 4, 2, 2);
+    let shr = _mm256_setr_epi64x(0, 0, 2, 2);
+    let dw = scales_x4((p as *const u32).read_unaligned());
+    let ql = _mm256_loadu_si256(p.add(4) as *const __m256i);
+    let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(36) as *const __m128i));
+    let qlo = _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_sllv_epi64(_mm256_and_si256(h, mask_l), shl));
+    let qhi = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low4),
+        _mm256_srlv_epi64(_mm256_and_si256(h, mask_h), shr),
+    );
+    (dw, qlo, qhi)
 }
 
 /// The AVX2 [`screen6`] as a row kernel. Only called after `Isa::Avx2.available()`.

@@ -636,3 +636,44 @@ unsafe fn q8_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: 
         _mm256_storeu_ps(out.add(j * stride), *acc);
     }
 }
+
+/// The head screen's 6-bit rows ([`crate::screen`]) × `N` activation rows with VNNI: the AVX2 kernel's
+/// `vpmaddubsw` pair, i16 add and `vpmaddwd` become two `vpdpbusd` into the i32 sums (the same integers: 6-bit
+/// values times i8 never saturate i16 there), the `+32` offset taken off as in the AVX2 kernel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
+    use crate::screen::PAIR_BYTES;
+    let (nb, stride) = (a.nb, a.stride);
+    let npairs = nb / 2;
+    assert!(nb % 2 == 0 && rb == npairs * PAIR_BYTES && t0 + N <= stride);
+    assert!(
+        a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
+    );
+    let ybase = a.qp.as_ptr().add(t0 * 64);
+    let dbase = a.dp4.as_ptr().add(t0 * 8);
+    let zbase = a.zp.as_ptr().add(t0 * 8);
+    for (r, row) in w.chunks_exact(rb).enumerate() {
+        let row = row.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); N];
+        for k in 0..npairs {
+            let (dw, qlo, qhi) = super::avx2::screen_pair(row.add(k * PAIR_BYTES));
+            let off = k * stride;
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let y = ybase.add((off + j) * 64) as *const __m256i;
+                let lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qlo, _mm256_loadu_si256(y));
+                let both = _mm256_dpbusd_epi32(lo, qhi, _mm256_loadu_si256(y.add(1)));
+                let isum = _mm256_sub_epi32(both, _mm256_loadu_si256(zbase.add((off + j) * 8) as *const __m256i));
+                let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dbase.add((off + j) * 8)));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
+            }
+        }
+        super::avx2::hsums(&acc, &mut out[r * N..(r + 1) * N]);
+    }
+}
+
+/// The VNNI [`screen6`] as a row kernel. Only called after `Isa::Avx512.available()`.
+pub(crate) fn screen6_kernel() -> RowKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; the screen passes consistent
+    // shapes.
+    |w, rb, a, t0, nt, o| unsafe { tile!(screen6, nt, w, rb, a, t0, o) }
+}
