@@ -62,7 +62,7 @@ pub struct Model {
     head_x8: std::sync::OnceLock<Option<Box<[u8]>>>,
     /// Rows multiplied by the head in multi-row products before `head_x8` was built ([`X8_AFTER_ROWS`]).
     x8_rows: std::sync::atomic::AtomicUsize,
-    /// Greedy calls use the screen for any number of rows ([`Model::force_head_screen`], `SPECEE_HEAD_SCREEN=1`).
+    /// Greedy calls use the screen for any number of rows ([`Model::force_head_screen`]).
     screen_forced: std::sync::atomic::AtomicBool,
 }
 
@@ -86,6 +86,11 @@ const FA_TILE_Q: usize = 64;
 /// 2-core AVX2 machine: Gemma 3 270M's 178 MB head decodes ~20% faster with it, SmolLM2's 30 MB head (much of
 /// it staying in a 32 MB L3) no faster.
 pub const SCREEN_MIN_BYTES: usize = 64 << 20;
+
+/// [`SCREEN_MIN_BYTES`] where the kernels use AVX-512 VNNI: there the head product is memory-bound, and on the
+/// 2-core Zen 4 SmolLM2's 30 MB head decodes 8–10% faster with the screen (`specee bench -p 16 -n 128 -r 3`,
+/// `SPECEE_HEAD_SCREEN=1` vs `0`, alternating).
+pub const SCREEN_MIN_BYTES_VNNI: usize = 16 << 20;
 
 /// The head screen is built on the greedy head call after this many (0.3 s for Gemma's, paid back after ~130
 /// tokens at 1.3 ms each): a short one-shot generation never pays for it, a server or a long generation builds it
@@ -128,7 +133,7 @@ impl Model {
         let rope_inv_swa = rope_inv_freq(config.rope_base_swa, config.rope_dims);
         let (head_screen, greedy_calls) = (std::sync::OnceLock::new(), std::sync::atomic::AtomicUsize::new(0));
         let (head_x8, x8_rows) = (std::sync::OnceLock::new(), std::sync::atomic::AtomicUsize::new(0));
-        let screen_forced = std::sync::atomic::AtomicBool::new(screen_setting() == Some(true));
+        let screen_forced = std::sync::atomic::AtomicBool::new(false);
         Ok(Model {
             config,
             weights,
@@ -563,10 +568,11 @@ impl Model {
     }
 
     /// Whether greedy calls use the screen: as `SPECEE_HEAD_SCREEN` says (`setting`), else for a Q8_0 head of at
-    /// least [`SCREEN_MIN_BYTES`].
+    /// least [`SCREEN_MIN_BYTES`] ([`SCREEN_MIN_BYTES_VNNI`] with AVX-512 VNNI kernels).
     fn screen_wanted(&self, setting: Option<bool>) -> bool {
         let head = self.qmatrix(&self.weights.output);
-        setting.unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= SCREEN_MIN_BYTES)
+        let min = if kernels::vnni() { SCREEN_MIN_BYTES_VNNI } else { SCREEN_MIN_BYTES };
+        setting.unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= min)
     }
 
     /// Builds the screen on `threads` threads, once, if it is wanted or `force`d; `SPECEE_HEAD_SCREEN=0` always
