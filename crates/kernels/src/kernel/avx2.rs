@@ -763,19 +763,42 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
                 *s16 = _mm256_add_epi16(*s16, p16);
             }
         }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-        let cw = if MIN {
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i))
-        } else {
-            _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
-        };
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[j], ones));
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
-            *acc = _mm256_fmadd_ps(isum, scale, *acc);
-            *acc = _mm256_fmadd_ps(cw, _mm256_set1_ps(*s0.add(j * nb + b)), *acc);
-        }
+        let isum: [__m256i; G] = core::array::from_fn(|j| _mm256_madd_epi16(s16[j], ones));
+        q4_x8_scale::<MIN, G>(blk, &isum, d0.add(b), s0.add(b), nb, &mut acc);
     }
+    store_rows(&acc, out, stride);
+}
+
+/// Adds one block column of 8 interleaved Q4_0/Q4_1 rows to the f32 sums `acc` of `G` activation rows, from their
+/// integer block sums `isum`: `d_w·d_x·isum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0); `d` and `s`
+/// point at the first row's `d_x` and `s_x` of this block (the rows `nb` apart).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4_x8_scale<const MIN: bool, const G: usize>(
+    blk: *const u8,
+    isum: &[__m256i; G],
+    d: *const f32,
+    s: *const f32,
+    nb: usize,
+    acc: &mut [__m256; G],
+) {
+    let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+    let cw = if MIN {
+        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i))
+    } else {
+        _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
+    };
+    for (j, acc) in acc.iter_mut().enumerate() {
+        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(j * nb)));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), scale, *acc);
+        *acc = _mm256_fmadd_ps(cw, _mm256_set1_ps(*s.add(j * nb)), *acc);
+    }
+}
+
+/// Stores the 8-lane sums of `G` activation rows at `out + j * stride`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn store_rows<const G: usize>(acc: &[__m256; G], out: *mut f32, stride: usize) {
     for (j, acc) in acc.iter().enumerate() {
         _mm256_storeu_ps(out.add(j * stride), *acc);
     }
@@ -857,15 +880,29 @@ unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
                 *msum = _mm256_add_epi32(*msum, _mm256_madd_epi16(m, pair));
             }
         }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let dy = _mm256_set1_ps(*a.d.as_ptr().add((t + j) * nb + b));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
-            *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
-        }
+        q4_k_x8_scale::<G>(blk, &isum, &msum, a.d.as_ptr().add(t * nb + b), nb, &mut acc);
     }
-    for (j, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.add(j * stride), *acc);
+    store_rows(&acc, out, stride);
+}
+
+/// Adds one super-block column of 8 interleaved Q4_K rows to the f32 sums `acc` of `G` activation rows, from
+/// their integer sums `isum` (`Σ sc·dot`) and `msum` (`Σ m·bsum`): `d_x·(d_w·isum − dmin_w·msum)`; `d` points at
+/// the first row's `d_x` of this super-block (the rows `nb` apart).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4_k_x8_scale<const G: usize>(
+    blk: *const u8,
+    isum: &[__m256i; G],
+    msum: &[__m256i; G],
+    d: *const f32,
+    nb: usize,
+    acc: &mut [__m256; G],
+) {
+    let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
+    for (j, acc) in acc.iter_mut().enumerate() {
+        let dy = _mm256_set1_ps(*d.add(j * nb));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
+        *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
     }
 }

@@ -475,22 +475,11 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
                 }
             }
         }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-        let cw = if MIN {
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i))
-        } else {
-            _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
-        };
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let sum = if split { _mm256_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] };
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *acc);
-            *acc = _mm256_fmadd_ps(cw, _mm256_set1_ps(*s0.add(j * nb + b)), *acc);
-        }
+        let isum: [__m256i; G] =
+            core::array::from_fn(|j| if split { _mm256_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] });
+        super::avx2::q4_x8_scale::<MIN, G>(blk, &isum, d0.add(b), s0.add(b), nb, &mut acc);
     }
-    for (j, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.add(j * stride), *acc);
-    }
+    super::avx2::store_rows(&acc, out, stride);
 }
 
 /// The interleaved Q4_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
@@ -561,17 +550,9 @@ unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
                 *msum = _mm256_dpwssd_epi32(*msum, m, _mm256_set1_epi32((bs as *const i32).read_unaligned()));
             }
         }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let dy = _mm256_set1_ps(*a.d.as_ptr().add((t + j) * nb + b));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
-            *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
-        }
+        super::avx2::q4_k_x8_scale::<G>(blk, &isum, &msum, a.d.as_ptr().add(t * nb + b), nb, &mut acc);
     }
-    for (j, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.add(j * stride), *acc);
-    }
+    super::avx2::store_rows(&acc, out, stride);
 }
 
 /// The interleaved Q8_0 kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
@@ -632,9 +613,7 @@ unsafe fn q8_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: 
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *acc);
         }
     }
-    for (j, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.add(j * stride), *acc);
-    }
+    super::avx2::store_rows(&acc, out, stride);
 }
 
 /// The head screen's 6-bit rows ([`crate::screen`]) × `N` activation rows with VNNI: the AVX2 kernel's
