@@ -88,8 +88,8 @@ const FA_TILE_Q: usize = 64;
 pub const SCREEN_MIN_BYTES: usize = 64 << 20;
 
 /// [`SCREEN_MIN_BYTES`] where the kernels use AVX-512 VNNI: there the head product is memory-bound, and on the
-/// 2-core Zen 4 SmolLM2's 30 MB head decodes 8–10% faster with the screen (`specee bench -p 16 -n 128 -r 3`,
-/// `SPECEE_HEAD_SCREEN=1` vs `0`, alternating).
+/// 2-core Zen 4 SmolLM2 (30 MB head) decodes 1–10% faster with the screen (`specee bench -p 16 -n 128 -r 3`,
+/// `SPECEE_HEAD_SCREEN=1` vs `0`, alternating, two sessions of 3 rounds; the machine is noisy).
 pub const SCREEN_MIN_BYTES_VNNI: usize = 16 << 20;
 
 /// The head screen is built on the greedy head call after this many (0.3 s for Gemma's, paid back after ~130
@@ -472,8 +472,8 @@ impl Model {
         matmul(&ws.pool, &head, &normed[..n * self.config.n_embd], n, &mut logits[..n * v], &mut ws.mm);
     }
 
-    /// The head interleaved by 8 rows ([`kernels::repack::interleave8`]), built on the first product over several
-    /// rows: with AVX-512 VNNI a Q8_0 head interleaved multiplies 2 rows in the time of one and 8 rows in ~1.5–2.6×
+    /// The head interleaved by 8 rows ([`kernels::repack::interleave8`]) for products over several rows: with
+    /// AVX-512 VNNI a Q8_0 head interleaved multiplies 2 rows in the time of one and 8 rows in ~1.5–2.6×
     /// (vs ~1.4× and ~3–3.9× as stored; `kbench`), at the cost of a second copy (32 bytes more per 8 rows and
     /// block than the file: +34 MB for SmolLM2, +199 MB for Gemma 3 270M). Single rows keep the stored head (its
     /// rows are also read one by one: embeddings, the screen's exact rows). `SPECEE_HEAD_X8=0` turns it off.
