@@ -355,16 +355,8 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
     use crate::screen::PAIR_BYTES;
-    let (nb, stride) = (a.nb, a.stride);
-    let npairs = nb / 2;
-    assert!(nb % 2 == 0 && rb == npairs * PAIR_BYTES && t0 + N <= stride);
-    assert!(
-        a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
-    );
+    let (npairs, stride, ybase, dbase, zbase) = screen_operands(a, rb, t0, N);
     let ones = _mm256_set1_epi16(1);
-    let ybase = a.qp.as_ptr().add(t0 * 64);
-    let dbase = a.dp4.as_ptr().add(t0 * 8);
-    let zbase = a.zp.as_ptr().add(t0 * 8);
     for (r, row) in w.chunks_exact(rb).enumerate() {
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
@@ -385,6 +377,24 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
         }
         hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
+}
+
+/// Checks that the activations `a` fit screen rows of `rb` bytes for `n` activation rows from `t0`, and returns the
+/// number of block pairs, the activations' row stride and where row `t0`'s pair values (`Acts::qp`), scales
+/// (`Acts::dp4`) and offsets (`Acts::zp`) start.
+pub(super) fn screen_operands(
+    a: &Acts,
+    rb: usize,
+    t0: usize,
+    n: usize,
+) -> (usize, usize, *const i8, *const f32, *const i32) {
+    let (nb, stride) = (a.nb, a.stride);
+    let npairs = nb / 2;
+    assert!(nb % 2 == 0 && rb == npairs * crate::screen::PAIR_BYTES && t0 + n <= stride);
+    assert!(
+        a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
+    );
+    (npairs, stride, a.qp[t0 * 64..].as_ptr(), a.dp4[t0 * 8..].as_ptr(), a.zp[t0 * 8..].as_ptr())
 }
 
 /// Unpacks one pair of the head screen's 6-bit blocks at `p` ([`crate::screen`]): the scales `[dA ×4, dB ×4]` and

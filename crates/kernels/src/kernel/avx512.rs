@@ -622,15 +622,7 @@ unsafe fn q8_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
     use crate::screen::PAIR_BYTES;
-    let (nb, stride) = (a.nb, a.stride);
-    let npairs = nb / 2;
-    assert!(nb % 2 == 0 && rb == npairs * PAIR_BYTES && t0 + N <= stride);
-    assert!(
-        a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
-    );
-    let ybase = a.qp.as_ptr().add(t0 * 64);
-    let dbase = a.dp4.as_ptr().add(t0 * 8);
-    let zbase = a.zp.as_ptr().add(t0 * 8);
+    let (npairs, stride, ybase, dbase, zbase) = super::avx2::screen_operands(a, rb, t0, N);
     for (r, row) in w.chunks_exact(rb).enumerate() {
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
