@@ -66,8 +66,9 @@ fn never_exiting_equals_dense_and_traces_match_dense_logits() {
         let mut next = dec.feed(&prompt).unwrap();
         assert_eq!(next, argmax(dense.feed(&prompt).unwrap()));
         for _ in 0..8 {
-            let mut trace = Vec::new();
-            let step = dec.step_trace(next, &mut trace).unwrap();
+            let (mut trace, mut updates) = (Vec::new(), Vec::new());
+            let step = dec.step_trace(next, &mut trace, &mut updates).unwrap();
+            assert_eq!(updates.len(), n_layers * 2);
             let logits = dense.feed(&[next]).unwrap();
             assert_eq!(step.token, argmax(logits));
             assert_eq!(trace.len(), n_layers * 4);

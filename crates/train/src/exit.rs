@@ -21,7 +21,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use decode::specee::predictor::features;
 use decode::specee::{
-    ExitPredictors, Mlp, ScheduleConfig, SpecEeConfig, SpecEeDecoder, CANDIDATES, MAX_FEATURES, N_FEATURES,
+    ExitPredictors, Mlp, ScheduleConfig, SpecEeConfig, SpecEeDecoder, CANDIDATES, FEATURE_COUNTS, MAX_FEATURES,
+    UPDATE_FEATURES,
 };
 use decode::speculative::DraftHead;
 use engine::Engine;
@@ -34,6 +35,9 @@ pub struct ExitData {
     pub n_layers: usize,
     /// `tokens × n_layers × CANDIDATES` logits.
     pub s: Vec<f32>,
+    /// `tokens × n_layers × UPDATE_FEATURES`: each layer's `layer_update` (empty in traces from before it
+    /// existed; then only 12- and 16-feature predictors can be trained).
+    pub upd: Vec<f32>,
     /// `tokens × CANDIDATES` candidate ids.
     pub cand: Vec<u32>,
     /// `tokens × CANDIDATES` draft log-probabilities of the candidates.
@@ -72,6 +76,12 @@ impl ExitData {
         self.cand[t * CANDIDATES + j]
     }
 
+    /// Layer `l`'s update for token `t` (`[1, 0]`, "no change", in traces without updates).
+    pub fn update(&self, t: usize, l: usize) -> [f32; UPDATE_FEATURES] {
+        let i = (t * self.n_pred() + l) * UPDATE_FEATURES;
+        self.upd.get(i..i + UPDATE_FEATURES).map_or([1.0, 0.0], |u| u.try_into().expect("UPDATE_FEATURES floats"))
+    }
+
     /// Draft log-probabilities of token `t`'s candidates.
     pub fn draft_lp(&self, t: usize) -> &[f32; CANDIDATES] {
         self.cand_lp[t * CANDIDATES..(t + 1) * CANDIDATES].try_into().expect("CANDIDATES floats")
@@ -98,16 +108,23 @@ impl ExitData {
         let t = self.len();
         let bytes_f32: Vec<u8> = self.s.iter().flat_map(|v| v.to_le_bytes()).collect();
         let lp: Vec<u8> = self.cand_lp.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let upd: Vec<u8> = self.upd.iter().flat_map(|v| v.to_le_bytes()).collect();
         let u32s = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let (cand, target, group) = (u32s(&self.cand), u32s(&self.target), u32s(&self.group));
         let err = |e: safetensors::SafeTensorError| TrainError::Format(e.to_string());
-        let views = vec![
+        let mut views = vec![
             ("s", TensorView::new(Dtype::F32, vec![t, self.n_pred(), CANDIDATES], &bytes_f32).map_err(err)?),
             ("cand", TensorView::new(Dtype::U32, vec![t, CANDIDATES], &cand).map_err(err)?),
             ("cand_lp", TensorView::new(Dtype::F32, vec![t, CANDIDATES], &lp).map_err(err)?),
             ("target", TensorView::new(Dtype::U32, vec![t], &target).map_err(err)?),
             ("group", TensorView::new(Dtype::U32, vec![t], &group).map_err(err)?),
         ];
+        if !self.upd.is_empty() {
+            views.push((
+                "upd",
+                TensorView::new(Dtype::F32, vec![t, self.n_pred(), UPDATE_FEATURES], &upd).map_err(err)?,
+            ));
+        }
         let meta = std::collections::HashMap::from([("n_layers".to_string(), self.n_layers.to_string())]);
         safetensors::serialize_to_file(views, Some(meta), path).map_err(err)
     }
@@ -130,6 +147,11 @@ impl ExitData {
         let data = ExitData {
             n_layers,
             s: raw("s")?.into_iter().map(f32::from_le_bytes).collect(),
+            upd: if st.names().contains(&"upd") {
+                raw("upd")?.into_iter().map(f32::from_le_bytes).collect()
+            } else {
+                Vec::new()
+            },
             cand: raw("cand")?.into_iter().map(u32::from_le_bytes).collect(),
             cand_lp: raw("cand_lp")?.into_iter().map(f32::from_le_bytes).collect(),
             target: raw("target")?.into_iter().map(u32::from_le_bytes).collect(),
@@ -140,6 +162,7 @@ impl ExitData {
             || data.cand.len() != t * CANDIDATES
             || data.cand_lp.len() != t * CANDIDATES
             || data.group.len() != t
+            || !(data.upd.is_empty() || data.upd.len() == t * data.n_pred() * UPDATE_FEATURES)
         {
             return Err(bad("tensor sizes disagree".into()));
         }
@@ -182,7 +205,7 @@ pub fn collect_exit(
             if chat && engine.tokenizer.is_eog(token) {
                 break;
             }
-            let step = dec.step_trace(token, &mut data.s)?;
+            let step = dec.step_trace(token, &mut data.s, &mut data.upd)?;
             data.cand.extend_from_slice(&step.candidates);
             data.cand_lp.extend_from_slice(&step.draft_log_probs);
             data.target.push(step.token);
@@ -205,8 +228,12 @@ pub struct ExitTrainOptions {
     pub seed: u64,
     /// Largest gap (in layers) to the previously evaluated layer drawn for the delta features.
     pub max_gap: usize,
-    /// Features per predictor: [`N_FEATURES`] (published) or [`MAX_FEATURES`] (plus the draft's log-probs).
+    /// Features per predictor: one of [`FEATURE_COUNTS`] (published 12; plus the draft's log-probs; plus the
+    /// layer's update).
     pub n_features: usize,
+    /// Train only on the training tokens of records with an index below this (0: all). The validation split
+    /// stays every fifth record of all the data, so runs with different caps are compared on the same tokens.
+    pub train_records: usize,
 }
 
 impl Default for ExitTrainOptions {
@@ -219,6 +246,7 @@ impl Default for ExitTrainOptions {
             seed: 1,
             max_gap: 4,
             n_features: MAX_FEATURES,
+            train_records: 0,
         }
     }
 }
@@ -238,8 +266,9 @@ pub struct LayerReport {
 /// The feature vector of token `t` at layer `l` with the previous evaluated layer `gap` layers back (0: none).
 fn sample_features(data: &ExitData, t: usize, l: usize, gap: usize) -> [f32; MAX_FEATURES] {
     let q = data.draft_lp(t);
-    let prev = (gap > 0 && l >= gap).then(|| features(data.logits(t, l - gap), None, q).1);
-    features(data.logits(t, l), prev.as_ref(), q).0
+    let u = data.update(t, l);
+    let prev = (gap > 0 && l >= gap).then(|| features(data.logits(t, l - gap), None, q, &u).1);
+    features(data.logits(t, l), prev.as_ref(), q, &u).0
 }
 
 /// Mean binary cross-entropy of logits `z` against labels `y`, in the stable form
@@ -285,13 +314,22 @@ pub fn train_exit(
         return Err(TrainError::Invalid("no traced tokens to train on".into()));
     }
     let dev = Device::Cpu;
-    let (train_t, val_t): (Vec<usize>, Vec<usize>) = (0..data.len()).partition(|&t| !data.is_validation(t));
+    let (mut train_t, val_t): (Vec<usize>, Vec<usize>) = (0..data.len()).partition(|&t| !data.is_validation(t));
+    if opts.train_records > 0 {
+        train_t.retain(|&t| (data.group[t] as usize) < opts.train_records);
+    }
     if train_t.is_empty() || val_t.is_empty() {
         return Err(TrainError::Invalid("need at least 5 records (every fifth is held out for validation)".into()));
     }
     let nf = opts.n_features;
-    if nf != N_FEATURES && nf != MAX_FEATURES {
-        return Err(TrainError::Invalid(format!("features per predictor must be {N_FEATURES} or {MAX_FEATURES}")));
+    if !FEATURE_COUNTS.contains(&nf) {
+        return Err(TrainError::Invalid(format!("features per predictor must be one of {FEATURE_COUNTS:?}")));
+    }
+    if nf == MAX_FEATURES && data.upd.is_empty() {
+        return Err(TrainError::Invalid(format!(
+            "{MAX_FEATURES} features need the layers' updates, which this trace (from an older version) lacks: \
+             delete it to trace again, or train with fewer features"
+        )));
     }
     let mut layers = vec![None; data.n_layers];
     let mut reports = Vec::new();
@@ -430,7 +468,7 @@ pub fn simulate(data: &ExitData, layers: &[Option<Mlp>], threshold: f32) -> Simu
         let mut prev: Option<[f32; CANDIDATES]> = None;
         for l in 0..data.n_pred() {
             let Some(mlp) = &layers[l] else { continue };
-            let (x, p) = features(data.logits(t, l), prev.as_ref(), data.draft_lp(t));
+            let (x, p) = features(data.logits(t, l), prev.as_ref(), data.draft_lp(t), &data.update(t, l));
             prev = Some(p);
             if mlp.predict(&x) > threshold {
                 exit = Some(l);
@@ -598,6 +636,7 @@ mod tests {
             for l in 0..n_layers {
                 let lead = if l >= settle { 3.0 + l as f32 * 0.3 } else { -1.0 };
                 data.s.extend_from_slice(&[lead + rng.uniform(), rng.uniform(), rng.uniform(), rng.uniform()]);
+                data.upd.extend_from_slice(&[rng.uniform(), rng.uniform()]);
             }
             data.cand.extend_from_slice(&[10, 11, 12, 13]);
             data.cand_lp.extend_from_slice(&[-0.5, -1.5, -2.5, -3.5]);
@@ -613,6 +652,9 @@ mod tests {
         let opts = ExitTrainOptions { hidden: 32, epochs: 40, batch: 128, lr: 1e-2, ..Default::default() };
         let (layers, reports) = train_exit(&data, &opts, |_| {}).unwrap();
         assert_eq!(reports.len(), 12);
+        // A trace without the layers' updates (an older file) trains 16 features but refuses 18.
+        let old = ExitData { upd: Vec::new(), ..data.clone() };
+        assert!(train_exit(&old, &ExitTrainOptions { n_features: MAX_FEATURES, ..opts.clone() }, |_| {}).is_err());
         assert!(layers[11].is_some() && layers[0].is_some());
         // Late layers are always right to exit; early layers never (settle ≥ 2).
         assert!(reports[10].recall > 0.95, "{:?}", reports[10]);

@@ -26,8 +26,9 @@ pub struct Args {
     /// Draft head giving the candidates (default: the model's shipped head).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Features per predictor: 12 (as published: the candidates' logits, probabilities and their change) or
-    /// 16 (plus the draft head's log-probabilities of the candidates).
+    /// Features per predictor: 12 (as published: the candidates' logits, probabilities and their change), 16
+    /// (plus the draft head's log-probabilities of the candidates) or 18 (plus how much the layer changed the
+    /// residual stream: cosine and relative size of its update).
     #[arg(long, default_value_t = 16)]
     pub features: usize,
     /// Hidden units per predictor.
@@ -44,6 +45,10 @@ pub struct Args {
     /// Simulated agreement with dense the unverified threshold must keep on the validation split.
     #[arg(long, default_value_t = 0.985)]
     pub target_agreement: f64,
+    /// Train on the records before this index only (0: all); validation stays every fifth record of all the
+    /// traced data, so caps can be compared on the same validation tokens.
+    #[arg(long, default_value_t = 0)]
+    pub train_records: usize,
     /// Most layers in the offline set.
     #[arg(long, default_value_t = 8)]
     pub max_offline: usize,
@@ -97,6 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
         max_gap: 4,
         n_features: a.features,
+        train_records: a.train_records,
     };
     let t0 = std::time::Instant::now();
     let (layers, _reports) = train_exit(&data, &topts, |line| eprintln!("{line}"))?;

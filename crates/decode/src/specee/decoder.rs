@@ -16,7 +16,7 @@
 //!
 //! Greedy only (an early exit has no full distribution to sample from under `Verify::Candidates`).
 
-use super::predictor::{features, ExitPredictors, CANDIDATES};
+use super::predictor::{features, layer_update, ExitPredictors, CANDIDATES, DRAFT_FEATURES, UPDATE_FEATURES};
 use super::schedule::Scheduler;
 use crate::sampling::argmax;
 use crate::speculative::eagle::{top_k_indices, DraftScratch};
@@ -163,9 +163,10 @@ pub struct Step {
 enum Run<'a> {
     /// Predictors decide (inference).
     Exit { want_logits: bool },
-    /// Every layer runs; the candidates' logits after each layer are appended to the trace (`4` floats per
-    /// layer) — training data for the predictors, exactly the inference features' inputs.
-    Trace(&'a mut Vec<f32>),
+    /// Every layer runs; the candidates' logits after each layer are appended to the first trace (`4` floats
+    /// per layer) and the layer's [`layer_update`] to the second (`2` per layer) — training data for the
+    /// predictors, exactly the inference features' inputs.
+    Trace(&'a mut Vec<f32>, &'a mut Vec<f32>),
 }
 
 /// An exited token waiting for its skipped layers ([`KvPolicy::Deferred`]).
@@ -192,6 +193,8 @@ pub struct SpecEeDecoder<'m> {
     draft_logits: Vec<f32>,
     order: Vec<u32>,
     hidden: Vec<f32>,
+    /// The residual stream entering the layer being run (for [`layer_update`]).
+    h_in: Vec<f32>,
     normed: Vec<f32>,
     logits: Vec<f32>,
     /// The draft head's feature row ([`DraftHead::feature_source`]) of the last token run: the normed hidden
@@ -240,6 +243,7 @@ impl<'m> SpecEeDecoder<'m> {
             draft_logits: Vec::new(),
             order: Vec::new(),
             hidden: Vec::new(),
+            h_in: Vec::new(),
             normed: Vec::new(),
             logits: Vec::new(),
             feature: Vec::new(),
@@ -330,9 +334,15 @@ impl<'m> SpecEeDecoder<'m> {
     }
 
     /// Runs `token` through every layer (dense greedy), appending the candidates' logits after every layer to
-    /// `trace` (`CANDIDATES` floats per layer). Training data for the predictors.
-    pub fn step_trace(&mut self, token: u32, trace: &mut Vec<f32>) -> Result<Step, SpeculativeError> {
-        self.run(token, Run::Trace(trace))
+    /// `trace` (`CANDIDATES` floats per layer) and each layer's [`layer_update`] to `updates` (`UPDATE_FEATURES`
+    /// per layer). Training data for the predictors.
+    pub fn step_trace(
+        &mut self,
+        token: u32,
+        trace: &mut Vec<f32>,
+        updates: &mut Vec<f32>,
+    ) -> Result<Step, SpeculativeError> {
+        self.run(token, Run::Trace(trace, updates))
     }
 
     /// The draft head's candidates for the token after `token`, with their draft log-probabilities.
@@ -422,6 +432,7 @@ impl<'m> SpecEeDecoder<'m> {
         self.normed.resize(d, 0.0);
         model.embed(&[token], &mut self.hidden)?;
         let mut s = [0f32; CANDIDATES];
+        let mut update = [1f32, 0.0];
         let mut p_prev: Option<[f32; CANDIDATES]> = None;
         let mut exit: Option<(usize, u32)> = None;
         let mut have_logits = false;
@@ -438,17 +449,33 @@ impl<'m> SpecEeDecoder<'m> {
                     carried.push(i);
                 }
             }
+            // The layer's update is a feature of predictors that read it (and of every traced layer).
+            let want_update = match &mode {
+                Run::Trace(..) => true,
+                Run::Exit { .. } => {
+                    self.scheduler.is_active(il)
+                        && self.predictors.layers[il].as_ref().is_some_and(|m| m.n_in > DRAFT_FEATURES)
+                }
+            };
+            if want_update {
+                self.h_in.clear();
+                self.h_in.extend_from_slice(&self.hidden);
+            }
             if carried.is_empty() {
                 model.layer(il, &mut self.hidden, &[pos], Mask::Causal, &mut self.kv, &mut self.ws)?;
             } else {
                 self.layer_with_pending(il, pos, &mut carried)?;
             }
+            if want_update {
+                update = layer_update(&self.h_in, &self.hidden);
+            }
             let last = il + 1 == n_layers;
             match &mut mode {
-                Run::Trace(trace) => {
+                Run::Trace(trace, updates) => {
                     model.final_norm(&self.hidden, &mut self.normed);
                     model.head_rows(&self.normed, &cand, &mut s, &mut self.ws);
                     trace.extend_from_slice(&s);
+                    updates.extend_from_slice(&update[..UPDATE_FEATURES]);
                 }
                 Run::Exit { .. } => {
                     // The last layer's predictor only replaces the full head, which `Verify::Full` runs anyway.
@@ -458,7 +485,7 @@ impl<'m> SpecEeDecoder<'m> {
                     let Some(mlp) = self.predictors.layers[il].as_ref() else { continue };
                     model.final_norm(&self.hidden, &mut self.normed);
                     model.head_rows(&self.normed, &cand, &mut s, &mut self.ws);
-                    let (x, p) = features(&s, p_prev.as_ref(), &draft_lp);
+                    let (x, p) = features(&s, p_prev.as_ref(), &draft_lp, &update);
                     p_prev = Some(p);
                     self.stats.predictor_calls += 1;
                     if mlp.predict(&x) <= self.threshold {
@@ -536,6 +563,7 @@ impl<'m> SpecEeDecoder<'m> {
 mod tests {
     use super::*;
     use crate::specee::predictor::tests::random_predictors;
+    use crate::specee::predictor::MAX_FEATURES;
     use crate::speculative::eagle::tests::random_head_bytes;
 
     use crate::test_util::{dense_greedy, PROMPT};
@@ -571,14 +599,75 @@ mod tests {
             assert!(st.predictor_calls > 0);
 
             let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, SpecEeConfig::default());
-            let mut trace = Vec::new();
+            let (mut trace, mut updates) = (Vec::new(), Vec::new());
             let mut got = vec![dec.feed(&PROMPT).unwrap()];
             while got.len() < want.len() {
-                got.push(dec.step_trace(*got.last().unwrap(), &mut trace).unwrap().token);
+                got.push(dec.step_trace(*got.last().unwrap(), &mut trace, &mut updates).unwrap().token);
             }
             assert_eq!(got, want, "{arch}: tracing runs every layer");
             assert_eq!(trace.len(), (want.len() - 1) * n_layers * CANDIDATES);
+            assert_eq!(updates.len(), (want.len() - 1) * n_layers * 2);
+            for u in updates.chunks_exact(2) {
+                assert!((-1.0..=1.0 + 1e-6).contains(&u[0]) && u[1] > 0.0, "{arch}: update {u:?}");
+            }
         }
+    }
+
+    #[test]
+    fn inference_features_are_the_traced_features() {
+        // Predictors that read only the layer-update features (`[s, p, d, q]` weights zero): every exit decision
+        // at inference must be the one the traced features (what training sees) give for the same step.
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let (head, mut predictors) = parts(&model);
+        let n_layers = model.config.n_layers;
+        for m in predictors.layers.iter_mut().flatten() {
+            m.w1 = vec![0.0; MAX_FEATURES];
+            (m.w1[MAX_FEATURES - 2], m.w1[MAX_FEATURES - 1]) = (8.0, -8.0);
+            (m.b1, m.w2, m.b2) = (vec![0.0], vec![1.0], 0.0);
+        }
+        predictors.schedule.offline = (0..n_layers).collect();
+        let mut tracer = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, SpecEeConfig::default());
+        let mut history = PROMPT.to_vec();
+        let mut next = tracer.feed(&PROMPT).unwrap();
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            let (mut s, mut u) = (Vec::new(), Vec::new());
+            let step = tracer.step_trace(next, &mut s, &mut u).unwrap();
+            let mut p_prev = None;
+            let probs: Vec<f32> = (0..n_layers)
+                .map(|l| {
+                    let sl: [f32; CANDIDATES] = s[l * CANDIDATES..(l + 1) * CANDIDATES].try_into().unwrap();
+                    let ul: [f32; UPDATE_FEATURES] = u[l * 2..l * 2 + 2].try_into().unwrap();
+                    let (x, p) = features(&sl, p_prev.as_ref(), &step.draft_log_probs, &ul);
+                    p_prev = Some(p);
+                    predictors.layers[l].as_ref().unwrap().predict(&x)
+                })
+                .collect();
+            steps.push((history.clone(), next, probs));
+            history.push(next);
+            next = step.token;
+        }
+        // A threshold in the widest gap between the middle half of the probabilities (robust to rounding).
+        let mut all: Vec<f32> = steps.iter().flat_map(|s| s.2.iter().copied()).collect();
+        all.sort_by(f32::total_cmp);
+        let k =
+            (all.len() / 4..3 * all.len() / 4).max_by(|&a, &b| (all[a + 1] - all[a]).total_cmp(&(all[b + 1] - all[b])));
+        let threshold = (all[k.unwrap()] + all[k.unwrap() + 1]) / 2.0;
+        let config = SpecEeConfig {
+            verify: Verify::Candidates,
+            threshold: Some(threshold),
+            offline_only: true,
+            ..Default::default()
+        };
+        let mut exits = Vec::new();
+        for (history, token, probs) in &steps {
+            let want = probs.iter().position(|&p| p > threshold).map_or(n_layers, |l| l + 1);
+            let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, config);
+            dec.feed(history).unwrap();
+            assert_eq!(dec.step(*token, false).unwrap().layers, want, "probabilities {probs:?}, threshold {threshold}");
+            exits.push(want);
+        }
+        assert!(exits.iter().any(|&e| e != exits[0]), "the test needs varied decisions: {exits:?}");
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //! with a tree of only the root it is exactly [`super::SpecEeDecoder`] (tested token for token). Greedy only.
 
 use super::decoder::{KvPolicy, Pending, SpecEeConfig, Verify};
-use super::predictor::{features, ExitPredictors, CANDIDATES};
+use super::predictor::{features, layer_update, ExitPredictors, CANDIDATES, DRAFT_FEATURES};
 use super::schedule::Scheduler;
 use crate::speculative::tree::ROOT;
 use crate::speculative::{
@@ -125,6 +125,8 @@ pub struct MergedDecoder<'m> {
     path: Vec<usize>,
     bonus: u32,
     hidden: Vec<f32>,
+    /// The tree rows entering the layer being run (for [`layer_update`]).
+    hidden_in: Vec<f32>,
     positions: Vec<u32>,
     tree_mask: Vec<bool>,
     batch: Vec<f32>,
@@ -178,6 +180,7 @@ impl<'m> MergedDecoder<'m> {
             path: Vec::new(),
             bonus: 0,
             hidden: Vec::new(),
+            hidden_in: Vec::new(),
             positions: Vec::new(),
             tree_mask: Vec::new(),
             batch: Vec::new(),
@@ -384,10 +387,15 @@ impl<'m> MergedDecoder<'m> {
         self.node_features.resize(t * self.source.width(d), 0.0);
         for il in 0..n_layers {
             self.source.capture_layer_input(il, &self.hidden, &mut self.node_features, d);
-            self.layer(il, true)?;
             let last = il + 1 == n_layers;
             let check = self.scheduler.is_active(il) && !(last && self.config.verify == Verify::Full);
-            if have_candidates && check && self.predictors.layers[il].is_some() {
+            let mlp = self.predictors.layers[il].as_ref().filter(|_| have_candidates && check);
+            if mlp.is_some_and(|m| m.n_in > DRAFT_FEATURES) {
+                self.hidden_in.clear();
+                self.hidden_in.extend_from_slice(&self.hidden);
+            }
+            self.layer(il, true)?;
+            if mlp.is_some() {
                 self.evaluate(il);
             }
             if self.walk() {
@@ -479,7 +487,13 @@ impl<'m> MergedDecoder<'m> {
             for (lp, c) in draft_lp.iter_mut().zip(cand) {
                 *lp = c.1;
             }
-            let (x, p) = features(&s, self.nodes[i].p_prev.as_ref(), &draft_lp);
+            let rows = i * d..(i + 1) * d;
+            let update = if mlp.n_in > DRAFT_FEATURES {
+                layer_update(&self.hidden_in[rows.clone()], &self.hidden[rows])
+            } else {
+                [1.0, 0.0]
+            };
+            let (x, p) = features(&s, self.nodes[i].p_prev.as_ref(), &draft_lp, &update);
             self.nodes[i].p_prev = Some(p);
             self.stats.predictor_calls += 1;
             if mlp.predict(&x) <= self.threshold {

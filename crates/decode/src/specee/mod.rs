@@ -20,5 +20,8 @@ pub mod schedule;
 
 pub use decoder::{KvPolicy, SpecEeConfig, SpecEeDecoder, SpecEeStats, Step, Verify};
 pub use merged::{MergedDecoder, MergedStats};
-pub use predictor::{ExitPredictors, Mlp, PredictorError, ScheduleConfig, CANDIDATES, MAX_FEATURES, N_FEATURES};
+pub use predictor::{
+    ExitPredictors, Mlp, PredictorError, ScheduleConfig, CANDIDATES, DRAFT_FEATURES, FEATURE_COUNTS, MAX_FEATURES,
+    N_FEATURES, UPDATE_FEATURES,
+};
 pub use schedule::Scheduler;

@@ -5,9 +5,12 @@
 //! softmax(s)`, `d = p − p_prev` with `p_prev` the `p` of the previously *evaluated* layer of the same token (`d =
 //! p` at the first one). Predictor: `sigmoid(w2 · relu(W1 x + b1) + b2)`, `x = [s, p, d]`, 512 hidden units.
 //! Beyond the published design, a predictor may read 4 more features, `[s, p, d, q]` with `q` the draft head's
-//! log-probabilities of the candidates (how sure the draft was; free, and the same at every layer).
+//! log-probabilities of the candidates (how sure the draft was; free, and the same at every layer), and 2 more,
+//! `[s, p, d, q, u]` with `u` = [`layer_update`] of the layer just run: the cosine between the residual stream
+//! entering and leaving it and the size of its update relative to the result (how much the layer still changes;
+//! "saturation" in the early-exit literature; O(d), free next to the head rows).
 //!
-//! File (safetensors, F32): `layers [K]` (I32: which layers have a predictor), `w1 [K, H, F]` (F = 12 or 16
+//! File (safetensors, F32): `layers [K]` (I32: which layers have a predictor), `w1 [K, H, F]` (F = 12, 16 or 18
 //! features), `b1 [K, H]`,
 //! `w2 [K, H]`, `b2 [K]`. Metadata: `format = specee-exit-1`, `n_layers`, `offline` (the offline layer set,
 //! comma-separated), `window`, `offsets` (comma-separated), `threshold` (for verified exits),
@@ -22,7 +25,13 @@ pub const CANDIDATES: usize = 4;
 /// Floats per feature vector as published (`[s, p, d]`).
 pub const N_FEATURES: usize = 3 * CANDIDATES;
 /// Floats per feature vector with the draft's log-probabilities (`[s, p, d, q]`).
-pub const MAX_FEATURES: usize = N_FEATURES + CANDIDATES;
+pub const DRAFT_FEATURES: usize = N_FEATURES + CANDIDATES;
+/// Floats of [`layer_update`].
+pub const UPDATE_FEATURES: usize = 2;
+/// Floats per feature vector with the layer's update as well (`[s, p, d, q, u]`).
+pub const MAX_FEATURES: usize = DRAFT_FEATURES + UPDATE_FEATURES;
+/// The feature counts a predictor may read (the first `n_in` of the feature vector).
+pub const FEATURE_COUNTS: [usize; 3] = [N_FEATURES, DRAFT_FEATURES, MAX_FEATURES];
 /// The file's format tag.
 pub const FORMAT: &str = "specee-exit-1";
 
@@ -48,7 +57,7 @@ pub enum PredictorError {
 /// One layer's MLP (`n_in → hidden → 1`).
 #[derive(Clone, Debug)]
 pub struct Mlp {
-    /// Features read: [`N_FEATURES`] or [`MAX_FEATURES`] (the first `n_in` of the feature vector).
+    /// Features read: one of [`FEATURE_COUNTS`] (the first `n_in` of the feature vector).
     pub n_in: usize,
     /// `hidden × n_in`, row-major.
     pub w1: Vec<f32>,
@@ -110,12 +119,30 @@ pub struct ExitPredictors {
     pub metadata: HashMap<String, String>,
 }
 
-/// The features of one evaluated layer: `[s, softmax(s), softmax(s) − p_prev, draft_lp]` (the published 12, then
-/// the draft's 4 log-probabilities). Returns them and `softmax(s)`.
+/// How much a layer changed the residual stream: `[cos(h_in, h_out), ‖h_out − h_in‖ / ‖h_out‖]` (`[1, 0]` for a
+/// zero vector). Accumulated in f64 so training traces and inference agree to the last bit.
+pub fn layer_update(h_in: &[f32], h_out: &[f32]) -> [f32; UPDATE_FEATURES] {
+    let (mut dot, mut nin, mut nout, mut ndiff) = (0f64, 0f64, 0f64, 0f64);
+    for (&a, &b) in h_in.iter().zip(h_out) {
+        let (a, b) = (a as f64, b as f64);
+        dot += a * b;
+        nin += a * a;
+        nout += b * b;
+        ndiff += (b - a) * (b - a);
+    }
+    if nin == 0.0 || nout == 0.0 {
+        return [1.0, 0.0];
+    }
+    [(dot / (nin * nout).sqrt()) as f32, (ndiff / nout).sqrt() as f32]
+}
+
+/// The features of one evaluated layer: `[s, softmax(s), softmax(s) − p_prev, draft_lp, update]` (the published
+/// 12, the draft's 4 log-probabilities, the layer's [`layer_update`]). Returns them and `softmax(s)`.
 pub fn features(
     s: &[f32; CANDIDATES],
     p_prev: Option<&[f32; CANDIDATES]>,
     draft_lp: &[f32; CANDIDATES],
+    update: &[f32; UPDATE_FEATURES],
 ) -> ([f32; MAX_FEATURES], [f32; CANDIDATES]) {
     let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let mut p = [0f32; CANDIDATES];
@@ -127,7 +154,8 @@ pub fn features(
     p.iter_mut().for_each(|v| *v /= sum);
     let mut x = [0f32; MAX_FEATURES];
     x[..CANDIDATES].copy_from_slice(s);
-    x[N_FEATURES..].copy_from_slice(draft_lp);
+    x[N_FEATURES..DRAFT_FEATURES].copy_from_slice(draft_lp);
+    x[DRAFT_FEATURES..].copy_from_slice(update);
     x[CANDIDATES..2 * CANDIDATES].copy_from_slice(&p);
     for j in 0..CANDIDATES {
         x[2 * CANDIDATES + j] = p[j] - p_prev.map_or(0.0, |q| q[j]);
@@ -190,7 +218,7 @@ impl ExitPredictors {
         let h = b1t.shape().get(1).copied().unwrap_or(0);
         let w1t = st.tensor("w1").map_err(|_| PredictorError::Missing("w1".into()))?;
         let f = w1t.shape().get(2).copied().unwrap_or(0);
-        if f != N_FEATURES && f != MAX_FEATURES {
+        if !FEATURE_COUNTS.contains(&f) {
             return Err(PredictorError::Shape {
                 name: "w1".into(),
                 got: w1t.shape().to_vec(),
@@ -340,17 +368,31 @@ pub(crate) mod tests {
     fn features_are_logits_probabilities_and_deltas() {
         let s = [2.0, 1.0, 0.0, -1.0];
         let q = [-0.1, -2.0, -3.0, -4.0];
-        let (x, p) = features(&s, None, &q);
+        let u = [0.9, 0.4];
+        let (x, p) = features(&s, None, &q, &u);
         assert_eq!(&x[..4], &s);
-        assert_eq!(&x[12..], &q);
+        assert_eq!(&x[12..16], &q);
+        assert_eq!(&x[16..], &u);
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(p[0] > p[1] && p[1] > p[2]);
         assert_eq!(&x[8..12], &p, "first evaluated layer: delta = p");
-        let (x2, p2) = features(&[0.0; 4], Some(&p), &q);
+        let (x2, p2) = features(&[0.0; 4], Some(&p), &q, &u);
         assert!(p2.iter().all(|&v| (v - 0.25).abs() < 1e-6));
         for j in 0..4 {
             assert!((x2[8 + j] - (0.25 - p[j])).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn layer_update_is_cosine_and_relative_change() {
+        // h_out = h_in + a perpendicular vector of the same length: cos 1/√2, |Δ|/|h_out| = 1/√2.
+        let u = layer_update(&[3.0, 0.0, 0.0], &[3.0, 3.0, 0.0]);
+        assert!((u[0] - 0.5f32.sqrt()).abs() < 1e-6 && (u[1] - 0.5f32.sqrt()).abs() < 1e-6, "{u:?}");
+        // An unchanged stream, a scaled one, and the zero vector.
+        assert_eq!(layer_update(&[1.0, -2.0], &[1.0, -2.0]), [1.0, 0.0]);
+        let u = layer_update(&[1.0, -2.0], &[2.0, -4.0]);
+        assert!((u[0] - 1.0).abs() < 1e-6 && (u[1] - 0.5).abs() < 1e-6, "{u:?}");
+        assert_eq!(layer_update(&[0.0, 0.0], &[1.0, 0.0]), [1.0, 0.0]);
     }
 
     #[test]
