@@ -4,13 +4,18 @@
 //! It traces the model at full depth over the records (cached beside the output as `EXIT.trace.safetensors`,
 //! reused on a rerun), trains one MLP per layer printing validation precision/recall, simulates exits on the
 //! validation split to pick the unverified threshold and the offline layer set, and writes the predictor file
-//! plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`).
+//! plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`). Last it calibrates a temperature per layer
+//! for exit logits on training records (`--calibrate N`; see `train::exit::calibrate_temperatures`);
+//! `--calibrate-only` adds temperatures to an existing predictor file (`--out`) without tracing or training.
 
 use super::{sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::path::PathBuf;
 use train::data::read_records;
-use train::exit::{choose_schedule, collect_exit, oracle, plot_histogram, train_exit, ExitData, ExitTrainOptions};
+use train::exit::{
+    calibrate_temperatures, choose_schedule, collect_exit, oracle, plot_histogram, train_exit, ExitData,
+    ExitTrainOptions,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -49,6 +54,13 @@ pub struct Args {
     /// traced data, so caps can be compared on the same validation tokens.
     #[arg(long, default_value_t = 0)]
     pub train_records: usize,
+    /// Training records (every fifth skipped: those are validation) to calibrate the exit temperatures on
+    /// (0: none, temperatures 1).
+    #[arg(long, default_value_t = 40)]
+    pub calibrate: usize,
+    /// Only calibrate: read the predictors in --out, set their temperatures, write them back.
+    #[arg(long)]
+    pub calibrate_only: bool,
     /// Most layers in the offline set.
     #[arg(long, default_value_t = 8)]
     pub max_offline: usize,
@@ -61,6 +73,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--hidden, --batch and --epochs must be at least 1");
     }
     let (engine, model_path) = a.model.load_with_path()?;
+    if a.calibrate_only {
+        let mut predictors = decode::specee::ExitPredictors::load(&a.out)
+            .with_context(|| format!("reading predictors {}", a.out.display()))?;
+        predictors.check_fits(engine.model.config.n_layers)?;
+        calibrate(&engine, &a, &mut predictors)?;
+        predictors.save(&a.out)?;
+        eprintln!("wrote {} with temperatures", a.out.display());
+        return Ok(());
+    }
     let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
     let cache = sibling(&a.out, "trace.safetensors");
     let start = std::time::Instant::now();
@@ -141,6 +162,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
         ("train_seconds".to_string(), format!("{:.0}", train_s)),
     ]);
+    if a.calibrate > 0 {
+        calibrate(&engine, &a, &mut predictors)?;
+    }
     predictors.save(&a.out)?;
     let plot = sibling(&a.out, "exit-layers.png");
     plot_histogram(&chosen.histogram, &plot)?;
@@ -151,6 +175,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         train_s,
         plot.display()
     );
+    Ok(())
+}
+
+/// Sets `predictors.temperature` from the first `--calibrate` training-split records of `--data`.
+fn calibrate(engine: &engine::Engine, a: &Args, predictors: &mut decode::specee::ExitPredictors) -> anyhow::Result<()> {
+    let records: Vec<_> = read_records(&a.data)?
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % 5 != 0)
+        .map(|(_, r)| r)
+        .take(a.calibrate.max(1))
+        .collect();
+    let bar = train::progress_bar(true, records.len() as u64, "calibrating exit temperatures");
+    let t0 = std::time::Instant::now();
+    let opts = a.collect.options(a.model.threads());
+    let (temps, report) = calibrate_temperatures(engine, &records, opts, |done, rows| {
+        bar.set_position(done as u64);
+        bar.set_message(format!("{rows} positions"));
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "exit temperatures ({} records, {:.0} s): layer, temperature, mean NLL at 1 → at it",
+        records.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    for (il, (t, (n1, nt))) in temps.iter().zip(&report).enumerate().take(temps.len() - 1) {
+        eprintln!("  {il:>2}  {t:>6.3}  {n1:>7.3} → {nt:>6.3}");
+    }
+    predictors.temperature = temps;
+    predictors.metadata.insert("calibrate_records".into(), records.len().to_string());
     Ok(())
 }
 

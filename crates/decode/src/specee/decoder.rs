@@ -299,7 +299,7 @@ impl<'m> SpecEeDecoder<'m> {
     }
 
     /// Full-vocabulary logits of the last [`SpecEeDecoder::feed`], or of the last step run with `want_logits`
-    /// (at its exit layer).
+    /// (at its exit layer, divided by that layer's exit temperature: [`ExitPredictors::calibrate`]).
     pub fn logits(&self) -> &[f32] {
         &self.logits[..self.model.config.vocab_size]
     }
@@ -534,8 +534,11 @@ impl<'m> SpecEeDecoder<'m> {
                     }
                     KvPolicy::Deferred => {}
                 }
-                if matches!(mode, Run::Exit { want_logits: true }) && !have_logits {
-                    self.full_head();
+                if matches!(mode, Run::Exit { want_logits: true }) {
+                    if !have_logits {
+                        self.full_head();
+                    }
+                    self.predictors.calibrate(il, &mut self.logits);
                 }
                 (il + 1, t)
             }
@@ -668,6 +671,35 @@ mod tests {
             exits.push(want);
         }
         assert!(exits.iter().any(|&e| e != exits[0]), "the test needs varied decisions: {exits:?}");
+    }
+
+    #[test]
+    fn exit_logits_are_divided_by_the_exit_layers_temperature() {
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let (head, plain) = parts(&model);
+        let n_layers = model.config.n_layers;
+        let mut hot = plain.clone();
+        hot.temperature = (0..n_layers).map(|l| if l + 1 == n_layers { 1.0 } else { 2.0 + l as f32 }).collect();
+        // Threshold −1: every token exits at the first offline layer (0); the last step runs dense.
+        let config = SpecEeConfig {
+            verify: Verify::Candidates,
+            threshold: Some(-1.0),
+            offline_only: true,
+            ..Default::default()
+        };
+        let mut a = SpecEeDecoder::new(&model, 128, 2, &head, &plain, config);
+        let mut b = SpecEeDecoder::new(&model, 128, 2, &head, &hot, config);
+        let (mut ta, mut tb) = (a.feed(&PROMPT).unwrap(), b.feed(&PROMPT).unwrap());
+        for _ in 0..4 {
+            let (sa, sb) = (a.step(ta, true).unwrap(), b.step(tb, true).unwrap());
+            assert_eq!((sa.token, sa.layers), (sb.token, sb.layers), "temperatures do not change decisions");
+            let t = hot.temperature(sa.layers - 1);
+            assert!(t > 1.0);
+            for (&x, &y) in a.logits().iter().zip(b.logits()) {
+                assert!((x / t - y).abs() <= 1e-6 * x.abs().max(1.0), "{x} / {t} vs {y}");
+            }
+            (ta, tb) = (sa.token, sb.token);
+        }
     }
 
     #[test]

@@ -302,11 +302,15 @@ impl<'m> MergedDecoder<'m> {
         self.run_step(usize::MAX, Some(next))
     }
 
-    /// Full-vocabulary logits of the last step's root at the layer its next token was decided.
+    /// Full-vocabulary logits of the last step's root at the layer its next token was decided (divided by that
+    /// layer's exit temperature, [`ExitPredictors::calibrate`]).
     pub fn root_logits(&mut self) -> &[f32] {
         let v = self.model.config.vocab_size;
         self.logits.resize(v, 0.0);
         self.model.head_full(&self.root_normed, 1, &mut self.logits, &mut self.ws);
+        if let Some((il, _)) = self.nodes.get(ROOT).and_then(|n| n.decided) {
+            self.predictors.calibrate(il, &mut self.logits);
+        }
         &self.logits
     }
 

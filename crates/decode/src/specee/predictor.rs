@@ -14,8 +14,10 @@
 //! features), `b1 [K, H]`,
 //! `w2 [K, H]`, `b2 [K]`. Metadata: `format = specee-exit-1`, `n_layers`, `offline` (the offline layer set,
 //! comma-separated), `window`, `offsets` (comma-separated), `threshold` (for verified exits),
-//! `threshold_unverified` (for exits that emit the best candidate without a full head), plus informational keys
-//! (`base_model`, how it was trained).
+//! `threshold_unverified` (for exits that emit the best candidate without a full head), optionally `temperature`
+//! (comma-separated, one per layer: an exit's full-vocabulary logits are divided by its layer's temperature, so
+//! the distribution it reports or samples from is calibrated; greedy choices do not change), plus informational
+//! keys (`base_model`, how it was trained).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -115,6 +117,8 @@ pub struct ExitPredictors {
     pub threshold: f32,
     /// Exit threshold when the best candidate is emitted without a full head.
     pub threshold_unverified: f32,
+    /// Temperature of each layer's exit logits (empty: 1 everywhere; see the module header).
+    pub temperature: Vec<f32>,
     /// Informational metadata.
     pub metadata: HashMap<String, String>,
 }
@@ -252,12 +256,25 @@ impl ExitPredictors {
         if let Some(&bad) = schedule.offline.iter().find(|&&l| l >= n_layers) {
             return Err(PredictorError::Metadata { key: "offline".into(), why: format!("layer {bad} ≥ {n_layers}") });
         }
+        let temperature: Vec<f32> = match metadata.get("temperature") {
+            Some(v) => parse_list("temperature", v)?,
+            None => Vec::new(),
+        };
+        if !temperature.is_empty()
+            && (temperature.len() != n_layers || temperature.iter().any(|t| !(t.is_finite() && *t > 0.0)))
+        {
+            return Err(PredictorError::Metadata {
+                key: "temperature".into(),
+                why: format!("need {n_layers} positive numbers, got {temperature:?}"),
+            });
+        }
         Ok(ExitPredictors {
             n_layers,
             layers,
             schedule,
             threshold: num("threshold")?,
             threshold_unverified: num("threshold_unverified")?,
+            temperature,
             metadata,
         })
     }
@@ -271,7 +288,22 @@ impl ExitPredictors {
             schedule: ScheduleConfig::default(),
             threshold: 0.5,
             threshold_unverified: 0.9,
+            temperature: Vec::new(),
             metadata: HashMap::new(),
+        }
+    }
+
+    /// The temperature of layer `il`'s exit logits (1 when the file has none).
+    pub fn temperature(&self, il: usize) -> f32 {
+        self.temperature.get(il).copied().unwrap_or(1.0)
+    }
+
+    /// Divides exit logits of layer `il` by its temperature (nothing when it is 1).
+    pub fn calibrate(&self, il: usize, logits: &mut [f32]) {
+        let t = self.temperature(il);
+        if t != 1.0 {
+            let inv = 1.0 / t;
+            logits.iter_mut().for_each(|z| *z *= inv);
         }
     }
 
@@ -319,6 +351,13 @@ impl ExitPredictors {
             .insert("offsets".into(), join(&self.schedule.offsets.iter().map(|l| l.to_string()).collect::<Vec<_>>()));
         metadata.insert("threshold".into(), self.threshold.to_string());
         metadata.insert("threshold_unverified".into(), self.threshold_unverified.to_string());
+        metadata.remove("temperature");
+        if !self.temperature.is_empty() {
+            metadata.insert(
+                "temperature".into(),
+                join(&self.temperature.iter().map(|t| t.to_string()).collect::<Vec<_>>()),
+            );
+        }
         safetensors::serialize(views, Some(metadata)).map_err(err)
     }
 
@@ -360,6 +399,7 @@ pub(crate) mod tests {
             schedule: ScheduleConfig { offline: vec![0, 1], ..ScheduleConfig::default() },
             threshold: 0.5,
             threshold_unverified: 0.9,
+            temperature: Vec::new(),
             metadata: HashMap::new(),
         }
     }
@@ -420,6 +460,15 @@ pub(crate) mod tests {
         let x = [0.3; MAX_FEATURES];
         assert_eq!(q.layers[2].as_ref().unwrap().predict(&x), p.layers[2].as_ref().unwrap().predict(&x));
         assert!(matches!(q.check_fits(7), Err(PredictorError::Layers { file: 6, model: 7 })));
+        assert!(q.temperature.is_empty() && q.temperature(3) == 1.0);
+        let t = ExitPredictors { temperature: vec![1.0, 2.0, 0.5, 1.25, 3.0, 1.0], ..p.clone() };
+        let q = ExitPredictors::from_bytes(&t.to_bytes().unwrap()).unwrap();
+        assert_eq!(q.temperature, t.temperature);
+        let mut z = [2.0, -4.0];
+        q.calibrate(1, &mut z);
+        assert_eq!(z, [1.0, -2.0]);
+        let bad = ExitPredictors { temperature: vec![1.0; 5], ..p.clone() };
+        assert!(matches!(ExitPredictors::from_bytes(&bad.to_bytes().unwrap()), Err(PredictorError::Metadata { .. })));
         assert!(matches!(ExitPredictors::from_bytes(b"nonsense"), Err(PredictorError::Format(_))));
     }
 }
