@@ -21,8 +21,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use decode::specee::predictor::features;
 use decode::specee::{
-    ExitPredictors, Mlp, ScheduleConfig, SpecEeConfig, SpecEeDecoder, CANDIDATES, FEATURE_COUNTS, MAX_FEATURES,
-    UPDATE_FEATURES,
+    ExitPredictors, Mlp, ScheduleConfig, SpecEeConfig, SpecEeDecoder, CANDIDATES, DRAFT_FEATURES, FEATURE_COUNTS,
+    MAX_FEATURES, UPDATE_FEATURES,
 };
 use decode::speculative::DraftHead;
 use engine::Engine;
@@ -375,7 +375,7 @@ impl Default for ExitTrainOptions {
             lr: 1e-3,
             seed: 1,
             max_gap: 4,
-            n_features: MAX_FEATURES,
+            n_features: DRAFT_FEATURES,
             train_records: 0,
         }
     }
@@ -795,7 +795,14 @@ mod tests {
     #[test]
     fn predictors_learn_when_the_answer_settles() {
         let data = synthetic(800, 12);
-        let opts = ExitTrainOptions { hidden: 32, epochs: 40, batch: 128, lr: 1e-2, ..Default::default() };
+        let opts = ExitTrainOptions {
+            hidden: 32,
+            epochs: 40,
+            batch: 128,
+            lr: 1e-2,
+            n_features: MAX_FEATURES,
+            ..Default::default()
+        };
         let (layers, reports) = train_exit(&data, &opts, |_| {}).unwrap();
         assert_eq!(reports.len(), 12);
         // A trace without the layers' updates (an older file) trains 16 features but refuses 18.
