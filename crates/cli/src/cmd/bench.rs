@@ -60,6 +60,16 @@ fn llama_cpp(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run python3 for the llama.cpp side: {e}"))?;
     if !out.status.success() {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = out.status.signal() {
+            // Seen on an Intel CPU with AMX: llama-cpp-python built with GGML_NATIVE dies in ggml's AMX path.
+            anyhow::bail!(
+                "llama.cpp crashed (signal {sig}). On a CPU with AMX, a natively built llama-cpp-python can crash in \
+                 its AMX matmul: rebuild it with CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON \
+                 -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF\" \
+                 pip install --force-reinstall --no-deps llama-cpp-python (see README)"
+            );
+        }
         let err = String::from_utf8_lossy(&out.stderr);
         anyhow::bail!("llama.cpp side failed: {}", err.lines().last().unwrap_or("no output"));
     }
