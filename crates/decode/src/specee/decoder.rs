@@ -449,14 +449,17 @@ impl<'m> SpecEeDecoder<'m> {
                     carried.push(i);
                 }
             }
-            // The layer's update is a feature of predictors that read it (and of every traced layer).
-            let want_update = match &mode {
-                Run::Trace(..) => true,
-                Run::Exit { .. } => {
-                    self.scheduler.is_active(il)
-                        && self.predictors.layers[il].as_ref().is_some_and(|m| m.n_in > DRAFT_FEATURES)
-                }
+            let last = il + 1 == n_layers;
+            // The predictor evaluated after this layer (inference only). The last layer's predictor only
+            // replaces the full head, which `Verify::Full` runs anyway.
+            let mlp = match &mode {
+                Run::Trace(..) => None,
+                Run::Exit { .. } => self.predictors.layers[il]
+                    .as_ref()
+                    .filter(|_| self.scheduler.is_active(il) && !(last && self.config.verify == Verify::Full)),
             };
+            // The layer's update is a feature of predictors that read it (and of every traced layer).
+            let want_update = matches!(mode, Run::Trace(..)) || mlp.is_some_and(|m| m.n_in > DRAFT_FEATURES);
             if want_update {
                 self.h_in.clear();
                 self.h_in.extend_from_slice(&self.hidden);
@@ -469,7 +472,6 @@ impl<'m> SpecEeDecoder<'m> {
             if want_update {
                 update = layer_update(&self.h_in, &self.hidden);
             }
-            let last = il + 1 == n_layers;
             match &mut mode {
                 Run::Trace(trace, updates) => {
                     model.final_norm(&self.hidden, &mut self.normed);
@@ -478,11 +480,7 @@ impl<'m> SpecEeDecoder<'m> {
                     updates.extend_from_slice(&update[..UPDATE_FEATURES]);
                 }
                 Run::Exit { .. } => {
-                    // The last layer's predictor only replaces the full head, which `Verify::Full` runs anyway.
-                    if !self.scheduler.is_active(il) || (last && self.config.verify == Verify::Full) {
-                        continue;
-                    }
-                    let Some(mlp) = self.predictors.layers[il].as_ref() else { continue };
+                    let Some(mlp) = mlp else { continue };
                     model.final_norm(&self.hidden, &mut self.normed);
                     model.head_rows(&self.normed, &cand, &mut s, &mut self.ws);
                     let (x, p) = features(&s, p_prev.as_ref(), &draft_lp, &update);
