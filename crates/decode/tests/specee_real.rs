@@ -126,7 +126,7 @@ fn merged_mapping_is_lossless_without_exits_and_exits_inside_trees() {
     let (model, head, predictors) = setup();
     let n_layers = model.config.n_layers;
     let head = std::sync::Arc::new(head);
-    let tree = TreeConfig { depth: 3, top_k: 2, budget: 5 };
+    let tree = TreeConfig { depth: 3, top_k: 2, budget: 5, min_prob: 0.0 };
     let all = prompts(3);
     for prompt in &all[..2] {
         let want = dense_greedy(&model, prompt, 32, THREADS);

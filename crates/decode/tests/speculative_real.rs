@@ -113,8 +113,8 @@ fn gemma3_greedy_speculative_equals_dense() {
     }
 }
 
-/// The shipped SmolLM2 draft head (`heads/`): greedy EAGLE output equals dense greedy on the 8 raw and 4 chat
-/// reference prompts × 64 tokens; prints τ per prompt.
+/// The shipped SmolLM2 draft head (`heads/`), alone and with its default prompt-lookup chain: greedy EAGLE output
+/// equals dense greedy on the 8 raw and 4 chat reference prompts × 64 tokens; prints τ per prompt.
 #[test]
 fn smollm2_eagle_head_greedy_equals_dense() {
     let model = load();
@@ -123,24 +123,27 @@ fn smollm2_eagle_head_greedy_equals_dense() {
     head.check_fits(&model).unwrap();
     let raw = reference_prompts("smollm2.greedy_raw.jsonl");
     let chat = reference_prompts("smollm2.greedy_chat.jsonl");
-    let mut drafted = 0;
+    let mut drafted = [0; 2];
     for (i, prompt) in raw.iter().chain(&chat).enumerate() {
         let dense = dense_greedy(&model, prompt, N, THREADS);
-        let proposer = EagleProposer::new(head.clone(), EagleProposer::default_tree());
-        let mut dec =
-            SpeculativeDecoder::new(&model, prompt.len() + N + 64, THREADS, proposer, SamplingParams::greedy());
-        let (got, secs) = run(&mut dec, prompt, N);
-        assert_eq!(got, dense, "prompt {i}: EAGLE output differs from dense greedy");
-        let s = dec.stats();
-        drafted += s.drafted_nodes;
-        println!(
-            "eagle prompt {i:2}: τ {:.2} ({} forwards), {:.1} ms",
-            s.acceptance_length(),
-            s.target_forwards,
-            secs * 1e3
-        );
+        for (j, lookup) in [0, EagleProposer::DEFAULT_LOOKUP].into_iter().enumerate() {
+            let proposer = EagleProposer::new(head.clone(), EagleProposer::default_tree()).with_lookup(lookup);
+            let mut dec =
+                SpeculativeDecoder::new(&model, prompt.len() + N + 64, THREADS, proposer, SamplingParams::greedy());
+            let (got, secs) = run(&mut dec, prompt, N);
+            assert_eq!(got, dense, "prompt {i}, lookup {lookup}: EAGLE output differs from dense greedy");
+            let s = dec.stats();
+            drafted[j] += s.drafted_nodes;
+            println!(
+                "eagle prompt {i:2} lookup {lookup}: τ {:.2} ({} forwards), {:.1} ms",
+                s.acceptance_length(),
+                s.target_forwards,
+                secs * 1e3
+            );
+        }
     }
-    assert!(drafted > 0, "the head drafted nothing");
+    assert!(drafted[0] > 0, "the head drafted nothing");
+    assert!(drafted[1] > drafted[0], "the lookup chain added no node: {drafted:?}");
 }
 
 /// A chat prompt whose answer mostly repeats the prompt (a code fix), where prompt lookup shines.
@@ -214,15 +217,29 @@ fn ngram_settings_sweep() {
     prompts.push(tok.encode(REPETITIVE, true, true));
     let configs = [
         ("default", NgramConfig::default()),
-        ("chain d5", NgramConfig { tree: TreeConfig { depth: 5, top_k: 1, budget: 5 }, ..Default::default() }),
-        ("d5 k2 b8", NgramConfig { tree: TreeConfig { depth: 5, top_k: 2, budget: 8 }, ..Default::default() }),
+        (
+            "chain d5",
+            NgramConfig { tree: TreeConfig { depth: 5, top_k: 1, budget: 5, min_prob: 0.0 }, ..Default::default() },
+        ),
+        (
+            "d5 k2 b8",
+            NgramConfig { tree: TreeConfig { depth: 5, top_k: 2, budget: 8, min_prob: 0.0 }, ..Default::default() },
+        ),
         (
             "min_n 3 chain d5",
-            NgramConfig { min_n: 3, tree: TreeConfig { depth: 5, top_k: 1, budget: 5 }, ..Default::default() },
+            NgramConfig {
+                min_n: 3,
+                tree: TreeConfig { depth: 5, top_k: 1, budget: 5, min_prob: 0.0 },
+                ..Default::default()
+            },
         ),
         (
             "min_n 3 d6 k2 b10",
-            NgramConfig { min_n: 3, tree: TreeConfig { depth: 6, top_k: 2, budget: 10 }, ..Default::default() },
+            NgramConfig {
+                min_n: 3,
+                tree: TreeConfig { depth: 6, top_k: 2, budget: 10, min_prob: 0.0 },
+                ..Default::default()
+            },
         ),
     ];
     for (name, config) in configs {

@@ -153,9 +153,11 @@ impl Proposer for AnyProposer {
 }
 
 impl AnyProposer {
-    /// An EAGLE proposer with `head` and tree sizes `tree` (default: [`EagleProposer::default_tree`]).
+    /// An EAGLE proposer with `head`, tree sizes `tree` (default: [`EagleProposer::default_tree`]) and the
+    /// default prompt-lookup chain ([`EagleProposer::DEFAULT_LOOKUP`]).
     pub fn eagle(head: impl Into<std::sync::Arc<DraftHead>>, tree: Option<TreeConfig>) -> AnyProposer {
-        AnyProposer::Eagle(Box::new(EagleProposer::new(head, tree.unwrap_or_else(EagleProposer::default_tree))))
+        let tree = tree.unwrap_or_else(EagleProposer::default_tree);
+        AnyProposer::Eagle(Box::new(EagleProposer::new(head, tree).with_lookup(EagleProposer::DEFAULT_LOOKUP)))
     }
 }
 

@@ -79,10 +79,15 @@ pub struct ModeArgs {
     /// also takes a published EAGLE-1/2/3 checkpoint folder (config.json + model.safetensors or pytorch_model.bin).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tree as DEPTH,TOP_K,BUDGET (default for eagle and specee-eagle: 1,1,1, or 4,4,10 with a published
-    /// head; for ngram: 5,2,8).
+    /// Draft tree as DEPTH,TOP_K,BUDGET[,MIN_PROB] (default for eagle and specee-eagle: 1,1,1, or 4,4,10 with a
+    /// published head; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is
+    /// lower (default 0: the budget alone decides).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
+    /// --mode eagle with the model's own head: also draft the prompt-lookup chain of up to N tokens (what
+    /// followed the latest 2–4 tokens earlier in the context), merged into the head's tree (0: off).
+    #[arg(long)]
+    pub lookup: Option<usize>,
     /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).
     #[arg(long)]
     pub exit: Option<PathBuf>,
@@ -104,11 +109,20 @@ pub struct ModeArgs {
 }
 
 fn parse_tree(s: &str) -> Result<decode::speculative::TreeConfig, String> {
-    let v: Vec<usize> =
-        s.split(',').map(|x| x.trim().parse().map_err(|_| format!("bad number `{x}`"))).collect::<Result<_, _>>()?;
-    match v[..] {
-        [depth, top_k, budget] => Ok(decode::speculative::TreeConfig { depth, top_k, budget }),
-        _ => Err("expected DEPTH,TOP_K,BUDGET".into()),
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let count = |x: &str| x.parse::<usize>().map_err(|_| format!("bad number `{x}`"));
+    match parts[..] {
+        [d, k, b] | [d, k, b, _] => {
+            let min_prob = match parts.get(3) {
+                None => 0.0,
+                Some(p) => match p.parse::<f32>() {
+                    Ok(v) if (0.0..=1.0).contains(&v) => v,
+                    _ => return Err(format!("MIN_PROB must be a probability in [0, 1], got `{p}`")),
+                },
+            };
+            Ok(decode::speculative::TreeConfig { depth: count(d)?, top_k: count(k)?, budget: count(b)?, min_prob })
+        }
+        _ => Err("expected DEPTH,TOP_K,BUDGET[,MIN_PROB]".into()),
     }
 }
 
@@ -156,7 +170,13 @@ impl ModeArgs {
         use engine::speculative::{load_eagle, AnyProposer, Mode};
         Ok(match self.mode {
             Mode::Dense => Runner::Dense,
-            Mode::Eagle => Runner::Speculative(load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?),
+            Mode::Eagle => {
+                let mut p = load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?;
+                if let (Some(n), AnyProposer::Eagle(e)) = (self.lookup, &mut p) {
+                    e.lookup = n;
+                }
+                Runner::Speculative(p)
+            }
             Mode::Ngram => {
                 let mut p = decode::speculative::NgramProposer::default();
                 if let Some(t) = self.tree {

@@ -661,7 +661,7 @@ mod tests {
             let model = model::testing::tiny_model(arch, None, 11, 64);
             let predictors = random_predictors(model.config.n_layers, 16, 3);
             let want = dense_greedy(&model, 30);
-            let tree = TreeConfig { depth: 3, top_k: 2, budget: 5 };
+            let tree = TreeConfig { depth: 3, top_k: 2, budget: 5, min_prob: 0.0 };
             for verify in [Verify::Candidates, Verify::Full] {
                 let config = SpecEeConfig { threshold: Some(2.0), verify, ..Default::default() };
                 let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config);
@@ -696,7 +696,7 @@ mod tests {
                     for _ in 0..16 {
                         want.push(specee.step(*want.last().unwrap(), false).unwrap().token);
                     }
-                    let tree = TreeConfig { depth: 0, top_k: 1, budget: 0 };
+                    let tree = TreeConfig { depth: 0, top_k: 1, budget: 0, min_prob: 0.0 };
                     let mut merged = MergedDecoder::new(&model, 128, 2, h.clone(), tree, &predictors, config);
                     // SpecEE's `feed` runs the whole prompt and picks the first token densely.
                     let mut ids = PROMPT.to_vec();
@@ -728,7 +728,7 @@ mod tests {
         let model = model::testing::tiny_model("gemma3", None, 11, 64);
         let n_layers = model.config.n_layers;
         let predictors = random_predictors(n_layers, 16, 3);
-        let tree = TreeConfig { depth: 3, top_k: 2, budget: 6 };
+        let tree = TreeConfig { depth: 3, top_k: 2, budget: 6, min_prob: 0.0 };
         for policy in [KvPolicy::Missing, KvPolicy::Propagate, KvPolicy::Deferred] {
             let config = SpecEeConfig { policy, threshold: Some(-1.0), offline_only: true, ..Default::default() };
             let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config);
@@ -768,7 +768,7 @@ mod tests {
         let predictors = random_predictors(model.config.n_layers, 16, 3);
         let want = dense_greedy(&model, 12);
         let config = SpecEeConfig { threshold: Some(2.0), ..Default::default() };
-        let tree = TreeConfig { depth: 2, top_k: 2, budget: 3 };
+        let tree = TreeConfig { depth: 2, top_k: 2, budget: 3, min_prob: 0.0 };
         let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config);
         dec.feed(&PROMPT).unwrap();
         // Feed a wrong token at every step: the choice must still be dense greedy's on the forced context.

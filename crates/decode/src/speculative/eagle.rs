@@ -28,6 +28,7 @@
 //! `rms_eps`, and informational keys (`base_model`, how it was trained). Matrices are quantized to Q8_0 at load
 //! (where the width allows) and multiplied by the same kernels as the target.
 
+use super::ngram::NgramProposer;
 use super::proposer::{DraftContext, FeatureSource, Proposer};
 use super::tree::{build_dynamic_tree_traced, DraftTree, TreeConfig};
 use super::SpeculativeError;
@@ -394,6 +395,9 @@ pub struct EagleProposer {
     expanded: Vec<bool>,
     /// Per pool node: its best next tokens (`propose_with_candidates`' `k` per node).
     pool_candidates: Vec<(u32, f32)>,
+    /// Longest prompt-lookup chain added to each tree (0: none); see [`EagleProposer::with_lookup`].
+    pub lookup: usize,
+    lookup_proposer: NgramProposer,
 }
 
 impl EagleProposer {
@@ -414,7 +418,21 @@ impl EagleProposer {
             origin: Vec::new(),
             expanded: Vec::new(),
             pool_candidates: Vec::new(),
+            lookup: 0,
+            lookup_proposer: NgramProposer::default(),
         }
+    }
+
+    /// The prompt-lookup chain `--mode eagle` adds by default ([`EagleProposer::with_lookup`]).
+    pub const DEFAULT_LOOKUP: usize = 3;
+
+    /// Also drafts, beside the head's tree, the greedy prompt-lookup chain of up to `depth` tokens (the n-gram
+    /// proposer's: what followed the latest 2–4 tokens earlier in the context), merged into the tree where it
+    /// agrees with the head. The head cannot copy what it cannot see, and a lookup hit often runs several
+    /// tokens deep; steps without a hit verify no extra rows.
+    pub fn with_lookup(mut self, depth: usize) -> EagleProposer {
+        self.lookup = depth;
+        self
     }
 
     /// The head.
@@ -427,7 +445,7 @@ impl EagleProposer {
     /// 128 tokens, 2 threads, `--tree 1,1,1` ran at 1.06× dense (τ 1.34), `3,2,4` at ~0.6×, `5,3,10` at ~0.35×
     /// (τ 1.41). Retune with `--tree` when heads or the multi-row path improve.
     pub fn default_tree() -> TreeConfig {
-        TreeConfig { depth: 1, top_k: 1, budget: 1 }
+        TreeConfig { depth: 1, top_k: 1, budget: 1, min_prob: 0.0 }
     }
 }
 
@@ -554,6 +572,7 @@ impl EagleProposer {
             origin,
             expanded,
             pool_candidates,
+            ..
         } = self;
         let keep = config.top_k.max(k);
         let mut best = Vec::with_capacity(keep);
@@ -608,7 +627,11 @@ impl Proposer for EagleProposer {
     }
 
     fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
-        self.draft(context, tree, 0)
+        self.draft(context, tree, 0)?;
+        if self.lookup > 0 {
+            self.lookup_proposer.extend_chain(context.tokens, tree, self.lookup);
+        }
+        Ok(())
     }
 }
 
@@ -727,7 +750,7 @@ pub(crate) mod tests {
             let want = crate::test_util::dense_greedy(&model, n);
             for fuse in [&[][..], &[1, 3]] {
                 let head = DraftHead::from_bytes(&random_fused_head_bytes(32, 64, 32, 5, fuse)).unwrap();
-                let proposer = EagleProposer::new(head, TreeConfig { depth: 4, top_k: 3, budget: 8 });
+                let proposer = EagleProposer::new(head, TreeConfig { depth: 4, top_k: 3, budget: 8, min_prob: 0.0 });
                 let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
                 let got = crate::test_util::speculative_greedy(&mut dec, n);
                 assert_eq!(got, want, "{arch} fuse {fuse:?}");

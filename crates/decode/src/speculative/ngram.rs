@@ -8,11 +8,11 @@
 //! [`build_dynamic_tree`] turns that into an EAGLE-2 tree, so competing continuations become branches.
 
 use super::proposer::{DraftContext, Proposer};
-use super::tree::{build_dynamic_tree, DraftTree, TreeConfig};
+use super::tree::{build_dynamic_tree, DraftTree, TreeConfig, ROOT};
 use super::SpeculativeError;
 
 /// Settings of the n-gram proposer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NgramConfig {
     /// Longest suffix tried.
     pub max_n: usize,
@@ -28,7 +28,12 @@ impl Default for NgramConfig {
     /// Narrow trees: on SmolLM2 over the 12 reference prompts, top-k 2 / budget 8 keeps the τ of the default
     /// EAGLE-sized tree (1.20) with a fifth fewer verified rows; lookup rarely offers more than two good branches.
     fn default() -> Self {
-        NgramConfig { max_n: 4, min_n: 2, window: 4096, tree: TreeConfig { depth: 5, top_k: 2, budget: 8 } }
+        NgramConfig {
+            max_n: 4,
+            min_n: 2,
+            window: 4096,
+            tree: TreeConfig { depth: 5, top_k: 2, budget: 8, min_prob: 0.0 },
+        }
     }
 }
 
@@ -79,6 +84,34 @@ impl NgramProposer {
             out.extend(self.counts.iter().map(|&(t, c, _)| (t, (c as f32 / total as f32).ln())));
             return;
         }
+    }
+}
+
+impl NgramProposer {
+    /// Adds the lookup's greedy chain of up to `depth` tokens under `tree`'s root (the last of `tokens`, the
+    /// committed tokens): where a node of the chain is already in the tree (another proposer drafted it) the chain
+    /// continues below that node, otherwise it grows a new branch. Nothing is added where the context offers no
+    /// match. Returns the number of nodes added.
+    pub fn extend_chain(&mut self, tokens: &[u32], tree: &mut DraftTree, depth: usize) -> usize {
+        let (mut node, mut added) = (ROOT, 0);
+        let mut path = std::mem::take(&mut self.path);
+        let mut next = Vec::new();
+        path.clear();
+        for _ in 0..depth {
+            self.continuations(tokens, &path, &mut next);
+            let Some(&(token, log_prob)) = next.first() else { break };
+            let existing = tree.children(node).find(|&c| tree.node(c).token == token);
+            node = match existing {
+                Some(child) => child,
+                None => {
+                    added += 1;
+                    tree.push(node, token, log_prob)
+                }
+            };
+            path.push(token);
+        }
+        self.path = path;
+        added
     }
 }
 
@@ -140,6 +173,33 @@ mod tests {
             stable_prefix: 0,
         };
         p.propose(&ctx, &mut tree).unwrap();
+        assert!(tree.is_empty());
+    }
+
+    #[test]
+    fn lookup_chain_merges_into_an_existing_tree() {
+        let mut p = NgramProposer::default();
+        // "3 4" was followed by "5 6 7" earlier; the root is the last 4.
+        let tokens = [1, 3, 4, 5, 6, 7, 8, 3, 4];
+        // The head drafted 5 (agreeing) and 9: the chain continues below 5 with 6 and 7.
+        let mut tree = DraftTree::new(4);
+        let five = tree.push(ROOT, 5, -0.1);
+        tree.push(ROOT, 9, -2.0);
+        assert_eq!(p.extend_chain(&tokens, &mut tree, 3), 2);
+        assert_eq!(tree.len(), 5);
+        let six = tree.children(five).next().unwrap();
+        assert_eq!(tree.node(six).token, 6);
+        assert_eq!(tree.children(six).map(|c| tree.node(c).token).collect::<Vec<_>>(), vec![7]);
+        // A head that drafted something else gets a separate branch; depth bounds the chain.
+        let mut tree = DraftTree::new(4);
+        tree.push(ROOT, 9, -0.1);
+        assert_eq!(p.extend_chain(&tokens, &mut tree, 2), 2);
+        let tokens_below_root: Vec<u32> = tree.children(ROOT).map(|c| tree.node(c).token).collect();
+        assert_eq!(tokens_below_root, vec![9, 5]);
+        assert_eq!(tree.depth(), 2);
+        // No match: nothing added.
+        let mut tree = DraftTree::new(2);
+        assert_eq!(p.extend_chain(&[7, 8, 2], &mut tree, 3), 0);
         assert!(tree.is_empty());
     }
 

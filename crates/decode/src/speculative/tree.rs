@@ -168,7 +168,7 @@ impl DraftTree {
 
 /// Sizes of a draft tree. The defaults suit a 2-core CPU, where every extra verified node costs real time;
 /// EAGLE-2 uses depth 5–7, top-k 10 and a budget of 60 on a GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TreeConfig {
     /// Maximum depth (draft tokens on one path).
     pub depth: usize,
@@ -176,11 +176,16 @@ pub struct TreeConfig {
     pub top_k: usize,
     /// Maximum number of drafted nodes (the root not included).
     pub budget: usize,
+    /// Confidence floor: a node whose path probability (the product of the draft's probabilities from the root)
+    /// is below this is neither kept nor expanded, so a step the draft doubts verifies fewer rows, or only the
+    /// root (0: the budget alone decides). On a CPU every verified row costs time, so a node the draft itself
+    /// gives little chance is not worth its row.
+    pub min_prob: f32,
 }
 
 impl Default for TreeConfig {
     fn default() -> Self {
-        TreeConfig { depth: 5, top_k: 4, budget: 20 }
+        TreeConfig { depth: 5, top_k: 4, budget: 20, min_prob: 0.0 }
     }
 }
 
@@ -191,7 +196,8 @@ impl Default for TreeConfig {
 /// `(token, log_prob)` candidates for that node's next token (any length, any order). At each depth the builder
 /// keeps the `top_k` best children of every expanded node, then expands the `top_k` new nodes with the best
 /// cumulative log-probability at the next depth; at the end the `budget` best candidates overall (by
-/// cumulative log-probability, ties to the shallower and earlier node) become the tree.
+/// cumulative log-probability, ties to the shallower and earlier node) become the tree. Children whose cumulative
+/// probability is below `min_prob` are dropped as they come.
 pub fn build_dynamic_tree<E>(
     config: &TreeConfig,
     tree: &mut DraftTree,
@@ -213,6 +219,7 @@ pub fn build_dynamic_tree_traced<E>(
     let mut frontier = vec![ROOT];
     let mut children: Vec<Vec<(u32, f32)>> = Vec::new();
     let mut fresh: Vec<usize> = Vec::new();
+    let floor = if config.min_prob > 0.0 { config.min_prob.ln() } else { f32::NEG_INFINITY };
     for _ in 0..config.depth {
         if frontier.is_empty() || config.top_k == 0 {
             break;
@@ -223,7 +230,8 @@ pub fn build_dynamic_tree_traced<E>(
         for (&parent, kids) in frontier.iter().zip(children.iter_mut()) {
             kids.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             kids.dedup_by_key(|k| k.0);
-            for &(token, log_prob) in kids.iter().take(config.top_k) {
+            let base = pool.nodes[parent].score;
+            for &(token, log_prob) in kids.iter().take(config.top_k).filter(|k| base + k.1 >= floor) {
                 fresh.push(pool.push(parent, token, log_prob));
             }
         }
@@ -334,7 +342,7 @@ mod tests {
 
     #[test]
     fn dynamic_tree_respects_budget_depth_and_prefers_likely_paths() {
-        let config = TreeConfig { depth: 4, top_k: 2, budget: 6 };
+        let config = TreeConfig { depth: 4, top_k: 2, budget: 6, min_prob: 0.0 };
         let mut t = DraftTree::new(0);
         build_dynamic_tree(&config, &mut t, toy_expand).unwrap();
         assert_eq!(t.len(), 7);
@@ -365,6 +373,24 @@ mod tests {
                 assert_eq!(pool_tokens[o], t.node(i).token);
             }
         }
+    }
+
+    #[test]
+    fn confidence_floor_drops_unlikely_nodes() {
+        // toy_expand's children have probabilities e^-0.5 ≈ 0.61, e^-1 ≈ 0.37, …; the path 1 → 2 scores -0.51.
+        let mut config = TreeConfig { depth: 4, top_k: 2, budget: 6, min_prob: 0.5 };
+        let mut t = DraftTree::new(0);
+        build_dynamic_tree(&config, &mut t, toy_expand).unwrap();
+        let tokens: Vec<u32> = t.nodes().iter().skip(1).map(|n| n.token).collect();
+        assert_eq!(tokens, vec![1, 2], "only nodes with path probability ≥ 0.5");
+        assert!(t.nodes().iter().all(|n| n.score >= 0.5f32.ln()));
+        // A floor above every draft probability leaves only the root; a zero floor changes nothing.
+        config.min_prob = 0.9;
+        build_dynamic_tree(&config, &mut t, toy_expand).unwrap();
+        assert!(t.is_empty());
+        config.min_prob = 0.0;
+        build_dynamic_tree(&config, &mut t, toy_expand).unwrap();
+        assert_eq!(t.len(), 7);
     }
 
     #[test]

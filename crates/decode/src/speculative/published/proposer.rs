@@ -258,7 +258,7 @@ impl PublishedProposer {
     /// Default tree sizes for published heads: EAGLE-2's shape shrunk for a small CPU (depth 4, top-4, 10 nodes).
     /// Not tuned by measurement: no published head exists for the default models.
     pub fn default_tree() -> TreeConfig {
-        TreeConfig { depth: 4, top_k: 4, budget: 10 }
+        TreeConfig { depth: 4, top_k: 4, budget: 10, min_prob: 0.0 }
     }
 
     /// The head.

@@ -414,7 +414,7 @@ fn drafts_match_a_plain_reimplementation_and_the_cache_changes_nothing() {
         let t = normalized(&raw);
         let eagle3 = version == EagleVersion::Eagle3;
         // Budget = every candidate: the tree keeps nodes down to depth 4.
-        let config = TreeConfig { depth: 4, top_k: 2, budget: 14 };
+        let config = TreeConfig { depth: 4, top_k: 2, budget: 14, min_prob: 0.0 };
         let mut cached = PublishedProposer::new(head_of(&raw, version, false), &model, config.clone()).unwrap();
         let fw = cached.feature_source().width(D);
         assert_eq!(fw, if eagle3 { 3 * D } else { D });
