@@ -43,6 +43,9 @@ pub struct SpecEeSetup {
     pub config: SpecEeConfig,
     /// Draft tree sizes of `specee-eagle` (default: [`SpecEeSetup::default_tree`]).
     pub tree: Option<TreeConfig>,
+    /// Longest prompt-lookup chain `specee-eagle` drafts beside the head's tree (usually
+    /// [`EagleProposer::DEFAULT_LOOKUP`]; 0: none).
+    pub lookup: usize,
 }
 
 impl SpecEeSetup {
@@ -61,6 +64,7 @@ impl SpecEeSetup {
     pub fn merged_decoder<'m>(&'m self, engine: &'m Engine, capacity: usize, threads: usize) -> MergedDecoder<'m> {
         let tree = self.tree.unwrap_or_else(Self::default_tree);
         MergedDecoder::new(&engine.model, capacity, threads, self.head.clone(), tree, &self.predictors, self.config)
+            .with_lookup(self.lookup)
     }
 
     /// The exit threshold the decoder will use.

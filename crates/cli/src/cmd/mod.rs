@@ -84,8 +84,8 @@ pub struct ModeArgs {
     /// lower (default 0: the budget alone decides).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
-    /// --mode eagle with the model's own head: also draft the prompt-lookup chain of up to N tokens (what
-    /// followed the latest 2–4 tokens earlier in the context), merged into the head's tree (0: off).
+    /// --mode eagle and specee-eagle: also draft the prompt-lookup chain of up to N tokens (what followed the
+    /// latest 2–4 tokens earlier in the context), merged into the head's tree (default 3; 0: off).
     #[arg(long)]
     pub lookup: Option<usize>,
     /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).
@@ -205,6 +205,7 @@ impl ModeArgs {
                 offline_only: self.offline_only,
             },
             tree: self.tree,
+            lookup: self.lookup.unwrap_or(decode::speculative::EagleProposer::DEFAULT_LOOKUP),
         })
     }
 }

@@ -55,6 +55,7 @@ fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::
             predictors: early_exit::load_predictors(eng, path, Some(&exit_path))?,
             config: decode::specee::SpecEeConfig::default(),
             tree: None,
+            lookup: decode::speculative::EagleProposer::DEFAULT_LOOKUP,
         }),
         _ => None,
     };

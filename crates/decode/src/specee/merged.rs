@@ -199,6 +199,13 @@ impl<'m> MergedDecoder<'m> {
         }
     }
 
+    /// Also drafts the prompt-lookup chain of up to `depth` tokens beside the head's tree
+    /// ([`EagleProposer::with_lookup`]); its nodes get candidates (and so exits) like the head's own.
+    pub fn with_lookup(mut self, depth: usize) -> Self {
+        self.proposer.lookup = depth;
+        self
+    }
+
     /// Every committed token.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
@@ -324,9 +331,11 @@ impl<'m> MergedDecoder<'m> {
         // 1. Draft the tree (cut to the room and the token limit) and every node's candidates.
         let t0 = Instant::now();
         self.tree.reset(root);
-        let saved = self.proposer.tree;
+        let (saved, saved_lookup) = (self.proposer.tree, self.proposer.lookup);
         let limit = max_tokens.max(1) - 1;
-        self.proposer.tree = TreeConfig { depth: saved.depth.min(limit), budget: saved.budget.min(room - 1), ..saved };
+        let budget = saved.budget.min(room - 1);
+        self.proposer.tree = TreeConfig { depth: saved.depth.min(limit), budget, ..saved };
+        self.proposer.lookup = saved_lookup.min(limit).min(room - 1 - budget);
         let context = DraftContext {
             model: self.model,
             pool: self.ws.pool(),
@@ -337,7 +346,7 @@ impl<'m> MergedDecoder<'m> {
             stable_prefix: 0,
         };
         let drafted = self.proposer.propose_with_candidates(&context, &mut self.tree, CANDIDATES, &mut self.candidates);
-        self.proposer.tree = saved;
+        (self.proposer.tree, self.proposer.lookup) = (saved, saved_lookup);
         drafted?;
         let t1 = Instant::now();
         self.stats.speculative.draft_time += t1 - t0;
@@ -662,19 +671,23 @@ mod tests {
             let predictors = random_predictors(model.config.n_layers, 16, 3);
             let want = dense_greedy(&model, 30);
             let tree = TreeConfig { depth: 3, top_k: 2, budget: 5, min_prob: 0.0 };
-            for verify in [Verify::Candidates, Verify::Full] {
+            let mut accepted = [0; 2];
+            for (verify, lookup) in [(Verify::Candidates, 0), (Verify::Full, 0), (Verify::Candidates, 3)] {
                 let config = SpecEeConfig { threshold: Some(2.0), verify, ..Default::default() };
-                let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config);
+                let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config).with_lookup(lookup);
                 let got = generate(&mut dec, want.len());
-                assert_eq!(got, want, "{arch} {verify:?}");
+                assert_eq!(got, want, "{arch} {verify:?} lookup {lookup}");
                 let st = *dec.stats();
                 assert!(st.speculative.drafted_nodes > 0 && st.predictor_calls > 0);
+                accepted[(lookup > 0) as usize] = st.speculative.accepted_drafts;
                 assert_eq!(st.early_stops, 0);
                 assert_eq!(st.layers, st.speculative.target_forwards * model.config.n_layers);
                 // Nodes decided by a predictor need no full head row.
                 assert!(st.full_head_rows <= st.speculative.target_forwards + st.speculative.drafted_nodes);
                 assert!(st.full_head_rows >= st.speculative.committed_tokens);
             }
+            // The random head is rarely right; the tiny model repeats itself, which the lookup chain catches.
+            assert!(accepted[1] > accepted[0], "{arch}: accepted drafts without and with lookup: {accepted:?}");
         }
     }
 
@@ -729,13 +742,15 @@ mod tests {
         let n_layers = model.config.n_layers;
         let predictors = random_predictors(n_layers, 16, 3);
         let tree = TreeConfig { depth: 3, top_k: 2, budget: 6, min_prob: 0.0 };
-        for policy in [KvPolicy::Missing, KvPolicy::Propagate, KvPolicy::Deferred] {
+        let policies = [KvPolicy::Missing, KvPolicy::Propagate, KvPolicy::Deferred];
+        // The lookup chain's nodes carry candidates too (else no node could be decided before the last layer).
+        for (policy, lookup) in policies.into_iter().map(|p| (p, 0)).chain([(KvPolicy::Deferred, 3)]) {
             let config = SpecEeConfig { policy, threshold: Some(-1.0), offline_only: true, ..Default::default() };
-            let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config);
+            let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config).with_lookup(lookup);
             let out = generate(&mut dec, 24);
             let st = *dec.stats();
             // Threshold −1: every node is decided at the first evaluated layer, so every forward stops there.
-            assert_eq!(st.early_stops, st.speculative.target_forwards, "{policy:?}");
+            assert_eq!(st.early_stops, st.speculative.target_forwards, "{policy:?} lookup {lookup}");
             assert_eq!(st.full_head_rows, 0);
             assert!(st.layers < st.speculative.target_forwards * n_layers);
             assert!(out.len() >= 24);

@@ -398,6 +398,8 @@ pub struct EagleProposer {
     /// Longest prompt-lookup chain added to each tree (0: none); see [`EagleProposer::with_lookup`].
     pub lookup: usize,
     lookup_proposer: NgramProposer,
+    /// Predicted feature of each node of the last tree, in tree order (`propose_with_candidates` with a lookup).
+    tree_features: Vec<f32>,
 }
 
 impl EagleProposer {
@@ -420,6 +422,7 @@ impl EagleProposer {
             pool_candidates: Vec::new(),
             lookup: 0,
             lookup_proposer: NgramProposer::default(),
+            tree_features: Vec::new(),
         }
     }
 
@@ -525,10 +528,15 @@ impl EagleProposer {
         }
         let mut fresh = Vec::with_capacity(k);
         let mut next_missing = 0;
-        for i in 0..tree.len() {
+        let n_head = tree.len();
+        let lookup = self.lookup > 0;
+        // With a lookup chain to hang below them, keep every node's predicted feature in tree order.
+        self.tree_features.clear();
+        for i in 0..n_head {
             let o = self.origin[i];
-            if self.expanded[o] {
+            let feature = if self.expanded[o] {
                 candidates.extend_from_slice(&self.pool_candidates[o * k..(o + 1) * k]);
+                &self.node_features[o * d..(o + 1) * d]
             } else {
                 let r = next_missing;
                 next_missing += 1;
@@ -537,7 +545,48 @@ impl EagleProposer {
                 top_k_log_probs(&self.logits[r * v..(r + 1) * v], k, &mut self.order, &mut fresh);
                 fresh.iter_mut().for_each(|c| c.0 = self.head.d2t[c.0 as usize]);
                 candidates.extend((0..k).map(|j| padded(&fresh, j)));
+                &self.out_features[r * d..(r + 1) * d]
+            };
+            if lookup {
+                self.tree_features.extend_from_slice(feature);
             }
+        }
+        if lookup && self.lookup_proposer.extend_chain(context.tokens, tree, self.lookup) > 0 {
+            self.lookup_candidates(context, tree, n_head, k, candidates)?;
+        }
+        Ok(())
+    }
+
+    /// Candidates of the lookup chain's nodes `n_head..` (added after the head's tree): one head call per node,
+    /// down the chain, each reading its parent's predicted feature from `tree_features` and leaving its own there.
+    fn lookup_candidates(
+        &mut self,
+        context: &DraftContext<'_>,
+        tree: &DraftTree,
+        n_head: usize,
+        k: usize,
+        candidates: &mut Vec<(u32, f32)>,
+    ) -> Result<(), SpeculativeError> {
+        let d = self.head.n_embd;
+        let mut fresh = Vec::with_capacity(k);
+        for i in n_head..tree.len() {
+            let node = tree.node(i);
+            self.inputs.clear();
+            self.inputs.extend_from_slice(&self.tree_features[node.parent * d..(node.parent + 1) * d]);
+            self.head.forward(
+                context.model,
+                &[node.token],
+                &self.inputs,
+                context.pool,
+                &mut self.scratch,
+                &mut self.out_features,
+                &mut self.logits,
+            )?;
+            self.tree_features.extend_from_slice(&self.out_features[..d]);
+            fresh.clear();
+            top_k_log_probs(&self.logits[..self.head.vocab], k, &mut self.order, &mut fresh);
+            fresh.iter_mut().for_each(|c| c.0 = self.head.d2t[c.0 as usize]);
+            candidates.extend((0..k).map(|j| padded(&fresh, j)));
         }
         Ok(())
     }
@@ -726,6 +775,63 @@ pub(crate) mod tests {
             .collect();
         let relabelled = safetensors::serialize(views, Some(st_meta)).unwrap();
         assert!(matches!(DraftHead::from_bytes(&relabelled), Err(DraftHeadError::FuseLayers { tensors: 2, .. })));
+    }
+
+    /// The head's `k` best next tokens after every node, computed from scratch along the node's path.
+    fn path_candidates(head: &DraftHead, model: &Model, root_feature: &[f32], tree: &DraftTree, k: usize) -> Vec<u32> {
+        let (pool, mut scratch) = (ThreadPool::new(1), DraftScratch::default());
+        let (mut feature, mut out, mut logits) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut order, mut best, mut path, mut want) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..tree.len() {
+            head.first_input(root_feature, 1, &pool, &mut scratch, &mut feature);
+            tree.path_tokens(i, &mut path);
+            for &t in std::iter::once(&tree.root_token()).chain(&path) {
+                head.forward(model, &[t], &feature, &pool, &mut scratch, &mut out, &mut logits).unwrap();
+                feature.clone_from(&out);
+            }
+            best.clear();
+            top_k_log_probs(&logits, k, &mut order, &mut best);
+            want.extend((0..k).map(|j| head.d2t[padded(&best, j).0 as usize]));
+        }
+        want
+    }
+
+    #[test]
+    fn candidates_of_every_node_follow_its_path_lookup_chain_included() {
+        let model = model::testing::tiny_model("llama", None, 3, 64);
+        let head = DraftHead::from_bytes(&random_head_bytes(32, 64, 16, 7)).unwrap();
+        let (d, k) = (32, 4);
+        let features: Vec<f32> = (0..12 * d).map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0).collect();
+        let pool = ThreadPool::new(1);
+        let root_feature = &features[10 * d..11 * d];
+        // The head's first choice after the root 20: the lookup chain starts with it once (merging below the
+        // head's node) and with another token once (a branch of its own).
+        let mut first = vec![0u32; 0];
+        let mut t = DraftTree::new(20);
+        t.truncate(1);
+        first.extend(path_candidates(&head, &model, root_feature, &t, 1));
+        for lead in [first[0], 31] {
+            let tokens = [4, 6, 20, lead, 8, 10, 12, 14, 16, 18, 6, 20];
+            let context = DraftContext {
+                model: &model,
+                pool: &pool,
+                tokens: &tokens,
+                features: &features,
+                feature_width: d,
+                stable_prefix: 0,
+            };
+            let tree_config = TreeConfig { depth: 2, top_k: 2, budget: 3, min_prob: 0.0 };
+            let mut proposer = EagleProposer::new(head.clone(), tree_config).with_lookup(3);
+            let (mut tree, mut candidates) = (DraftTree::new(20), Vec::new());
+            proposer.propose_with_candidates(&context, &mut tree, k, &mut candidates).unwrap();
+            let mut chain = Vec::new();
+            let deepest = (0..tree.len()).max_by_key(|&i| (tree.node(i).depth, i)).unwrap();
+            tree.path_tokens(deepest, &mut chain);
+            assert_eq!(chain, [lead, 8, 10], "the lookup chain is the deepest path");
+            assert!(tree.len() > 4, "lead {lead}: the chain added nodes to the head's 3");
+            let got: Vec<u32> = candidates.iter().map(|c| c.0).collect();
+            assert_eq!(got, path_candidates(&head, &model, root_feature, &tree, k), "lead {lead}");
+        }
     }
 
     #[test]
