@@ -79,13 +79,14 @@ pub struct ModeArgs {
     /// also takes a published EAGLE-1/2/3 checkpoint folder (config.json + model.safetensors or pytorch_model.bin).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tree as DEPTH,TOP_K,BUDGET[,MIN_PROB] (default for eagle and specee-eagle: 1,1,1, or 4,4,10 with a
-    /// published head; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is
+    /// Draft tree as DEPTH,TOP_K,BUDGET[,MIN_PROB] (default for eagle and specee-eagle: 2,1,2,0.4, or 4,4,10 with
+    /// a published head; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is
     /// lower (default 0: the budget alone decides).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
-    /// --mode eagle and specee-eagle: also draft the prompt-lookup chain of up to N tokens (what followed the
-    /// latest 2–4 tokens earlier in the context), merged into the head's tree (default 3; 0: off).
+    /// --mode eagle and specee-eagle: also draft the prompt-lookup chain (what followed the latest 2–4 tokens
+    /// earlier in the context) of N tokens, doubling up to 4N while each chain is accepted whole, merged into the
+    /// head's tree (default 3; 0: off).
     #[arg(long)]
     pub lookup: Option<usize>,
     /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).
@@ -173,7 +174,7 @@ impl ModeArgs {
             Mode::Eagle => {
                 let mut p = load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?;
                 if let (Some(n), AnyProposer::Eagle(e)) = (self.lookup, &mut p) {
-                    e.lookup = n;
+                    e.lookup = decode::speculative::LookupChain::new(n);
                 }
                 Runner::Speculative(p)
             }

@@ -202,7 +202,7 @@ impl<'m> MergedDecoder<'m> {
     /// Also drafts the prompt-lookup chain of up to `depth` tokens beside the head's tree
     /// ([`EagleProposer::with_lookup`]); its nodes get candidates (and so exits) like the head's own.
     pub fn with_lookup(mut self, depth: usize) -> Self {
-        self.proposer.lookup = depth;
+        self.proposer.lookup = crate::speculative::LookupChain::new(depth);
         self
     }
 
@@ -331,11 +331,11 @@ impl<'m> MergedDecoder<'m> {
         // 1. Draft the tree (cut to the room and the token limit) and every node's candidates.
         let t0 = Instant::now();
         self.tree.reset(root);
-        let (saved, saved_lookup) = (self.proposer.tree, self.proposer.lookup);
+        let saved = self.proposer.tree;
         let limit = max_tokens.max(1) - 1;
         let budget = saved.budget.min(room - 1);
         self.proposer.tree = TreeConfig { depth: saved.depth.min(limit), budget, ..saved };
-        self.proposer.lookup = saved_lookup.min(limit).min(room - 1 - budget);
+        let lookup_cap = limit.min(room - 1 - budget);
         let context = DraftContext {
             model: self.model,
             pool: self.ws.pool(),
@@ -345,8 +345,14 @@ impl<'m> MergedDecoder<'m> {
             // The EAGLE head reads only the last feature row: it keeps no cache that a stable prefix would save.
             stable_prefix: 0,
         };
-        let drafted = self.proposer.propose_with_candidates(&context, &mut self.tree, CANDIDATES, &mut self.candidates);
-        (self.proposer.tree, self.proposer.lookup) = (saved, saved_lookup);
+        let drafted = self.proposer.propose_with_candidates(
+            &context,
+            &mut self.tree,
+            CANDIDATES,
+            lookup_cap,
+            &mut self.candidates,
+        );
+        self.proposer.tree = saved;
         drafted?;
         let t1 = Instant::now();
         self.stats.speculative.draft_time += t1 - t0;

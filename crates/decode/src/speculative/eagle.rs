@@ -28,7 +28,7 @@
 //! `rms_eps`, and informational keys (`base_model`, how it was trained). Matrices are quantized to Q8_0 at load
 //! (where the width allows) and multiplied by the same kernels as the target.
 
-use super::ngram::NgramProposer;
+use super::ngram::LookupChain;
 use super::proposer::{DraftContext, FeatureSource, Proposer};
 use super::tree::{build_dynamic_tree_traced, DraftTree, TreeConfig};
 use super::SpeculativeError;
@@ -395,9 +395,8 @@ pub struct EagleProposer {
     expanded: Vec<bool>,
     /// Per pool node: its best next tokens (`propose_with_candidates`' `k` per node).
     pool_candidates: Vec<(u32, f32)>,
-    /// Longest prompt-lookup chain added to each tree (0: none); see [`EagleProposer::with_lookup`].
-    pub lookup: usize,
-    lookup_proposer: NgramProposer,
+    /// The prompt-lookup chain added to each tree (base length 0: none); see [`EagleProposer::with_lookup`].
+    pub lookup: LookupChain,
     /// Predicted feature of each node of the last tree, in tree order (`propose_with_candidates` with a lookup).
     tree_features: Vec<f32>,
 }
@@ -420,8 +419,7 @@ impl EagleProposer {
             origin: Vec::new(),
             expanded: Vec::new(),
             pool_candidates: Vec::new(),
-            lookup: 0,
-            lookup_proposer: NgramProposer::default(),
+            lookup: LookupChain::default(),
             tree_features: Vec::new(),
         }
     }
@@ -429,12 +427,12 @@ impl EagleProposer {
     /// The prompt-lookup chain `--mode eagle` adds by default ([`EagleProposer::with_lookup`]).
     pub const DEFAULT_LOOKUP: usize = 3;
 
-    /// Also drafts, beside the head's tree, the greedy prompt-lookup chain of up to `depth` tokens (the n-gram
-    /// proposer's: what followed the latest 2–4 tokens earlier in the context), merged into the tree where it
-    /// agrees with the head. The head cannot copy what it cannot see, and a lookup hit often runs several
-    /// tokens deep; steps without a hit verify no extra rows.
+    /// Also drafts, beside the head's tree, the greedy prompt-lookup chain (the n-gram proposer's: what followed
+    /// the latest 2–4 tokens earlier in the context) of `depth` tokens, growing while it is accepted whole
+    /// ([`LookupChain`]), merged into the tree where it agrees with the head. The head cannot copy what it
+    /// cannot see, and a lookup hit often runs several tokens deep; steps without a hit verify no extra rows.
     pub fn with_lookup(mut self, depth: usize) -> EagleProposer {
-        self.lookup = depth;
+        self.lookup = LookupChain::new(depth);
         self
     }
 
@@ -443,12 +441,15 @@ impl EagleProposer {
         &self.head
     }
 
-    /// Default tree sizes: one draft token. With the shipped SmolLM2 head (first-step acceptance ≈ 0.35 on
-    /// held-out chat) and this machine's multi-row cost, bigger trees lose: on `bench/chat-heldout.jsonl`,
-    /// 128 tokens, 2 threads, `--tree 1,1,1` ran at 1.06× dense (τ 1.34), `3,2,4` at ~0.6×, `5,3,10` at ~0.35×
-    /// (τ 1.41). Retune with `--tree` when heads or the multi-row path improve.
+    /// Default tree sizes: a chain of at most two draft tokens, each kept only while the path's draft probability
+    /// is at least 0.4 (plus the lookup chain, [`EagleProposer::with_lookup`]). With the shipped SmolLM2 head
+    /// (first-step top-1 ≈ 0.5 on held-out chat) and the 2-core machines' multi-row cost (2 rows ≈ 1.12× one,
+    /// 4 rows ≈ 1.4×), wider trees lose: on `bench/chat-heldout.jsonl`, 64 tokens, 2 threads, lookup 3, this tree
+    /// ran 1.31–1.38× dense (τ 1.93–2.02) against 1.26–1.36× for `1,1,1` (τ 1.79–1.87) in four paired runs;
+    /// without the floor `2,1,2` lost to `1,1,1`, and `3,2,4` or `5,3,10` ran at 0.35–0.6× dense in session 6.
+    /// Retune with `--tree` when heads or the multi-row path improve.
     pub fn default_tree() -> TreeConfig {
-        TreeConfig { depth: 1, top_k: 1, budget: 1, min_prob: 0.0 }
+        TreeConfig { depth: 2, top_k: 1, budget: 2, min_prob: 0.4 }
     }
 }
 
@@ -484,12 +485,14 @@ impl EagleProposer {
     /// the final tree (target ids with their draft log-probabilities, best first, `k` pairs per node in node
     /// order) — the candidates whose logits SpecEE's exit predictors read inside the tree (merged mapping).
     /// Expanded nodes reuse what the tree search computed; the rest (the leaves) take one more batched head
-    /// call. `candidates` is left empty when the context is too short to draft.
+    /// call. The lookup chain, if any, takes at most `lookup_cap` nodes. `candidates` is left empty when the
+    /// context is too short to draft.
     pub fn propose_with_candidates(
         &mut self,
         context: &DraftContext<'_>,
         tree: &mut DraftTree,
         k: usize,
+        lookup_cap: usize,
         candidates: &mut Vec<(u32, f32)>,
     ) -> Result<(), SpeculativeError> {
         candidates.clear();
@@ -529,7 +532,7 @@ impl EagleProposer {
         let mut fresh = Vec::with_capacity(k);
         let mut next_missing = 0;
         let n_head = tree.len();
-        let lookup = self.lookup > 0;
+        let lookup = self.lookup.base > 0;
         // With a lookup chain to hang below them, keep every node's predicted feature in tree order.
         self.tree_features.clear();
         for i in 0..n_head {
@@ -551,7 +554,7 @@ impl EagleProposer {
                 self.tree_features.extend_from_slice(feature);
             }
         }
-        if lookup && self.lookup_proposer.extend_chain(context.tokens, tree, self.lookup) > 0 {
+        if lookup && self.lookup.extend(context.tokens, tree, lookup_cap) > 0 {
             self.lookup_candidates(context, tree, n_head, k, candidates)?;
         }
         Ok(())
@@ -677,9 +680,8 @@ impl Proposer for EagleProposer {
 
     fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
         self.draft(context, tree, 0)?;
-        if self.lookup > 0 {
-            self.lookup_proposer.extend_chain(context.tokens, tree, self.lookup);
-        }
+        // The decoder cuts the tree to its room and token limit.
+        self.lookup.extend(context.tokens, tree, usize::MAX);
         Ok(())
     }
 }
@@ -823,7 +825,7 @@ pub(crate) mod tests {
             let tree_config = TreeConfig { depth: 2, top_k: 2, budget: 3, min_prob: 0.0 };
             let mut proposer = EagleProposer::new(head.clone(), tree_config).with_lookup(3);
             let (mut tree, mut candidates) = (DraftTree::new(20), Vec::new());
-            proposer.propose_with_candidates(&context, &mut tree, k, &mut candidates).unwrap();
+            proposer.propose_with_candidates(&context, &mut tree, k, 3, &mut candidates).unwrap();
             let mut chain = Vec::new();
             let deepest = (0..tree.len()).max_by_key(|&i| (tree.node(i).depth, i)).unwrap();
             tree.path_tokens(deepest, &mut chain);

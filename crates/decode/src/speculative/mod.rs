@@ -51,7 +51,7 @@ pub mod verify;
 
 pub use decoder::{SpeculativeDecoder, SpeculativeStats};
 pub use eagle::{DraftHead, DraftHeadError, EagleProposer};
-pub use ngram::{NgramConfig, NgramProposer};
+pub use ngram::{LookupChain, NgramConfig, NgramProposer};
 pub use oracle::OracleProposer;
 pub use proposer::{DraftContext, FeatureSource, Proposer};
 pub use published::{PublishedHead, PublishedHeadError, PublishedProposer};

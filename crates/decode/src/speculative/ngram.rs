@@ -91,7 +91,7 @@ impl NgramProposer {
     /// Adds the lookup's greedy chain of up to `depth` tokens under `tree`'s root (the last of `tokens`, the
     /// committed tokens): where a node of the chain is already in the tree (another proposer drafted it) the chain
     /// continues below that node, otherwise it grows a new branch. Nothing is added where the context offers no
-    /// match. Returns the number of nodes added.
+    /// match. Returns the number of nodes added; the chain's tokens stay in `self.path`.
     pub fn extend_chain(&mut self, tokens: &[u32], tree: &mut DraftTree, depth: usize) -> usize {
         let (mut node, mut added) = (ROOT, 0);
         let mut path = std::mem::take(&mut self.path);
@@ -111,6 +111,48 @@ impl NgramProposer {
             path.push(token);
         }
         self.path = path;
+        added
+    }
+}
+
+/// A prompt-lookup chain to hang beside another proposer's tree ([`NgramProposer::extend_chain`]) whose length
+/// adapts: it doubles (up to [`LookupChain::GROWTH`] × the base) each time the previous chain was accepted whole,
+/// and falls back to the base after a miss. Text that repeats at length (a model looping, code being copied)
+/// then costs few verification steps, while a chain that keeps failing verifies only the base's rows.
+#[derive(Clone, Debug, Default)]
+pub struct LookupChain {
+    /// Chain length after a miss (0: no chain).
+    pub base: usize,
+    len: usize,
+    lookup: NgramProposer,
+    /// The last chain drafted and the committed length when it was drafted.
+    last: Vec<u32>,
+    committed: usize,
+}
+
+impl LookupChain {
+    /// The longest chain, as a multiple of the base.
+    pub const GROWTH: usize = 4;
+
+    /// A chain of `base` tokens after a miss (0: none).
+    pub fn new(base: usize) -> LookupChain {
+        LookupChain { base, len: base, ..Default::default() }
+    }
+
+    /// Adds the chain (at most `cap` tokens) under `tree`'s root, the last of the committed `tokens`; returns the
+    /// number of nodes added.
+    pub fn extend(&mut self, tokens: &[u32], tree: &mut DraftTree, cap: usize) -> usize {
+        if self.base == 0 {
+            return 0;
+        }
+        // The tokens committed since the last chain was drafted below the then root start with it if it was
+        // accepted whole (the bonus token follows).
+        let fresh = tokens.get(self.committed..).filter(|_| self.committed > 0).unwrap_or(&[]);
+        let whole = !self.last.is_empty() && fresh.len() > self.last.len() && fresh.starts_with(&self.last);
+        self.len = if whole { (2 * self.len).min(Self::GROWTH * self.base) } else { self.base };
+        let added = self.lookup.extend_chain(tokens, tree, self.len.min(cap));
+        self.last.clone_from(&self.lookup.path);
+        self.committed = tokens.len();
         added
     }
 }
@@ -201,6 +243,35 @@ mod tests {
         let mut tree = DraftTree::new(2);
         assert_eq!(p.extend_chain(&[7, 8, 2], &mut tree, 3), 0);
         assert!(tree.is_empty());
+    }
+
+    #[test]
+    fn lookup_chain_doubles_while_accepted_and_resets_after_a_miss() {
+        let cycle: Vec<u32> = (10..30).collect();
+        let mut tokens: Vec<u32> = cycle.iter().chain(&cycle[..3]).copied().collect();
+        let mut chain = LookupChain::new(2);
+        let grow = |tokens: &[u32], chain: &mut LookupChain, cap: usize| {
+            let mut tree = DraftTree::new(*tokens.last().unwrap());
+            let added = chain.extend(tokens, &mut tree, cap);
+            let mut path = Vec::new();
+            tree.path_tokens(tree.len() - 1, &mut path);
+            assert_eq!(added, path.len());
+            path
+        };
+        assert_eq!(grow(&tokens, &mut chain, usize::MAX), [13, 14]);
+        // Accepted whole (then the bonus 15): the next chain is twice as long.
+        tokens.extend([13, 14, 15]);
+        assert_eq!(grow(&tokens, &mut chain, usize::MAX), [16, 17, 18, 19]);
+        tokens.extend([16, 17, 18, 19, 20]);
+        assert_eq!(grow(&tokens, &mut chain, usize::MAX).len(), 8, "doubled again");
+        tokens.extend(&cycle[11..20]);
+        tokens.extend(&cycle[..1]);
+        assert_eq!(grow(&tokens, &mut chain, usize::MAX).len(), 8, "at most GROWTH × base");
+        // Only part of it accepted: back to the base; the cap bounds any chain.
+        tokens.extend([11, 12]);
+        assert_eq!(grow(&tokens, &mut chain, usize::MAX), [13, 14]);
+        assert_eq!(grow(&tokens, &mut chain, 1), [13]);
+        assert!(LookupChain::new(0).extend(&tokens, &mut DraftTree::new(12), usize::MAX) == 0);
     }
 
     #[test]
