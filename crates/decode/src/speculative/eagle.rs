@@ -518,16 +518,7 @@ impl EagleProposer {
                     self.inputs.extend_from_slice(&self.node_features[p * d..(p + 1) * d]);
                 }
             }
-            let head = &*self.head;
-            head.forward(
-                context.model,
-                &self.tokens,
-                &self.inputs,
-                context.pool,
-                &mut self.scratch,
-                &mut self.out_features,
-                &mut self.logits,
-            )?;
+            self.forward_inputs(context)?;
         }
         let mut fresh = Vec::with_capacity(k);
         let mut next_missing = 0;
@@ -543,11 +534,7 @@ impl EagleProposer {
             } else {
                 let r = next_missing;
                 next_missing += 1;
-                fresh.clear();
-                let v = self.head.vocab;
-                top_k_log_probs(&self.logits[r * v..(r + 1) * v], k, &mut self.order, &mut fresh);
-                fresh.iter_mut().for_each(|c| c.0 = self.head.d2t[c.0 as usize]);
-                candidates.extend((0..k).map(|j| padded(&fresh, j)));
+                self.row_candidates(r, k, &mut fresh, candidates);
                 &self.out_features[r * d..(r + 1) * d]
             };
             if lookup {
@@ -574,24 +561,31 @@ impl EagleProposer {
         let mut fresh = Vec::with_capacity(k);
         for i in n_head..tree.len() {
             let node = tree.node(i);
+            self.tokens.clear();
+            self.tokens.push(node.token);
             self.inputs.clear();
             self.inputs.extend_from_slice(&self.tree_features[node.parent * d..(node.parent + 1) * d]);
-            self.head.forward(
-                context.model,
-                &[node.token],
-                &self.inputs,
-                context.pool,
-                &mut self.scratch,
-                &mut self.out_features,
-                &mut self.logits,
-            )?;
+            self.forward_inputs(context)?;
             self.tree_features.extend_from_slice(&self.out_features[..d]);
-            fresh.clear();
-            top_k_log_probs(&self.logits[..self.head.vocab], k, &mut self.order, &mut fresh);
-            fresh.iter_mut().for_each(|c| c.0 = self.head.d2t[c.0 as usize]);
-            candidates.extend((0..k).map(|j| padded(&fresh, j)));
+            self.row_candidates(0, k, &mut fresh, candidates);
         }
         Ok(())
+    }
+
+    /// The head over `tokens` and `inputs`, into `out_features` and `logits`.
+    fn forward_inputs(&mut self, context: &DraftContext<'_>) -> Result<(), SpeculativeError> {
+        let (model, pool) = (context.model, context.pool);
+        let (tokens, inputs) = (&self.tokens, &self.inputs);
+        self.head.forward(model, tokens, inputs, pool, &mut self.scratch, &mut self.out_features, &mut self.logits)
+    }
+
+    /// Appends the `k` best target tokens of `logits` row `r` to `candidates` (padded; `fresh` is scratch).
+    fn row_candidates(&mut self, r: usize, k: usize, fresh: &mut Vec<(u32, f32)>, candidates: &mut Vec<(u32, f32)>) {
+        let v = self.head.vocab;
+        fresh.clear();
+        top_k_log_probs(&self.logits[r * v..(r + 1) * v], k, &mut self.order, fresh);
+        fresh.iter_mut().for_each(|c| c.0 = self.head.d2t[c.0 as usize]);
+        candidates.extend((0..k).map(|j| padded(fresh, j)));
     }
 
     /// The target's feature the root's draft reads (of the token before the root), if the context has one.
