@@ -86,7 +86,7 @@ pub struct ModeArgs {
     pub tree: Option<decode::speculative::TreeConfig>,
     /// --mode eagle and specee-eagle: also draft the prompt-lookup chain (what followed the latest 2–4 tokens
     /// earlier in the context) of N tokens, doubling up to 4N while each chain is accepted whole, merged into the
-    /// head's tree (default 3; 0: off).
+    /// head's tree (default 3; 0: off; not with a published head).
     #[arg(long)]
     pub lookup: Option<usize>,
     /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).

@@ -45,6 +45,7 @@ pub struct NgramProposer {
     path: Vec<u32>,
     suffix: Vec<u32>,
     counts: Vec<(u32, u32, usize)>,
+    next: Vec<(u32, f32)>,
 }
 
 impl NgramProposer {
@@ -95,7 +96,7 @@ impl NgramProposer {
     pub fn extend_chain(&mut self, tokens: &[u32], tree: &mut DraftTree, depth: usize) -> usize {
         let (mut node, mut added) = (ROOT, 0);
         let mut path = std::mem::take(&mut self.path);
-        let mut next = Vec::new();
+        let mut next = std::mem::take(&mut self.next);
         path.clear();
         for _ in 0..depth {
             self.continuations(tokens, &path, &mut next);
@@ -110,7 +111,7 @@ impl NgramProposer {
             };
             path.push(token);
         }
-        self.path = path;
+        (self.path, self.next) = (path, next);
         added
     }
 }
@@ -124,9 +125,9 @@ pub struct LookupChain {
     /// Chain length after a miss (0: no chain).
     pub base: usize,
     len: usize,
+    /// Its `path` holds the last chain drafted.
     lookup: NgramProposer,
-    /// The last chain drafted and the committed length when it was drafted.
-    last: Vec<u32>,
+    /// The committed length when the last chain was drafted.
     committed: usize,
 }
 
@@ -148,12 +149,11 @@ impl LookupChain {
         // The tokens committed since the last chain was drafted below the then root start with it if it was
         // accepted whole (the bonus token follows).
         let fresh = tokens.get(self.committed..).filter(|_| self.committed > 0).unwrap_or(&[]);
-        let whole = !self.last.is_empty() && fresh.len() > self.last.len() && fresh.starts_with(&self.last);
+        let last = &self.lookup.path;
+        let whole = !last.is_empty() && fresh.len() > last.len() && fresh.starts_with(last);
         self.len = if whole { (2 * self.len).min(Self::GROWTH * self.base) } else { self.base };
-        let added = self.lookup.extend_chain(tokens, tree, self.len.min(cap));
-        self.last.clone_from(&self.lookup.path);
         self.committed = tokens.len();
-        added
+        self.lookup.extend_chain(tokens, tree, self.len.min(cap))
     }
 }
 
