@@ -425,9 +425,120 @@ unsafe fn q4_x8<const MIN: bool>(
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
     let group_bytes = nb * crate::repack::x8_legacy_bytes(MIN);
-    super::avx2::for_groups(w, group_bytes, nt, super::TILE, out, stride, |grp, j, n, o| {
-        tile!(q4_x8_tokens::<MIN>, n, grp, a, t0 + j, o, stride)
-    });
+    for_group_pairs(
+        w,
+        group_bytes,
+        nt,
+        out,
+        stride,
+        |pair, j, n, o| tile!(q4_x16_tokens::<MIN>, n, pair, group_bytes, a, t0 + j, o, stride),
+        |grp, j, n, o| tile!(q4_x8_tokens::<MIN>, n, grp, a, t0 + j, o, stride),
+    );
+}
+
+/// Walks `w`'s groups of 8 interleaved rows (`group_bytes` each) two at a time: `pair(grp, j, n, out)` for each
+/// pair and tile of `n ≤ TILE` activation rows from `j` (16 results per row at `out + j * stride`), `single` the
+/// same for an odd last group (8 results).
+#[inline(always)]
+unsafe fn for_group_pairs(
+    w: &[u8],
+    group_bytes: usize,
+    nt: usize,
+    out: &mut [f32],
+    stride: usize,
+    mut pair: impl FnMut(*const u8, usize, usize, *mut f32),
+    mut single: impl FnMut(*const u8, usize, usize, *mut f32),
+) {
+    let groups = w.len() / group_bytes;
+    assert!(w.len() % group_bytes == 0 && nt >= 1 && out.len() >= (nt - 1) * stride + 8 * groups);
+    for g in (0..groups).step_by(2) {
+        let grp = w.as_ptr().add(g * group_bytes);
+        let mut j = 0;
+        while j < nt {
+            let n = (nt - j).min(super::TILE);
+            let o = out.as_mut_ptr().add(j * stride + 8 * g);
+            if g + 1 < groups {
+                pair(grp, j, n, o);
+            } else {
+                single(grp, j, n, o);
+            }
+            j += n;
+        }
+    }
+}
+
+/// The 16 values at `b0 + off` (8 f16) and `b1 + off` (8 f16) as floats: two interleaved groups' scales.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+#[inline]
+unsafe fn pair_f16(b0: *const u8, b1: *const u8, off: usize) -> __m512 {
+    let lo = _mm_loadu_si128(b0.add(off) as *const __m128i);
+    let hi = _mm_loadu_si128(b1.add(off) as *const __m128i);
+    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+}
+
+/// Register `off` of group `b0` and the same register of group `b1` side by side: 16 rows' 4 values each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn pair_reg(b0: *const u8, b1: *const u8, off: usize) -> __m512i {
+    let lo = _mm256_loadu_si256(b0.add(off) as *const __m256i);
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_loadu_si256(b1.add(off) as *const __m256i))
+}
+
+/// [`q4_x8_tokens`] for two groups at once (`grp` and `grp + group_bytes`, 16 rows): the same integers and the
+/// same float operations per row, in 16-lane registers, so each activation row needs half the `vpdpbusd`s,
+/// broadcasts and FMAs per weight row; results bit-identical to [`q4_x8_tokens`]'s. Written to
+/// `out[j * stride + 0..16]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
+    grp: *const u8,
+    group_bytes: usize,
+    a: &Acts,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let (nb, cols) = (a.nb, a.cols);
+    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let split = G <= 4;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let (d0, s0) = (a.d.as_ptr().add(t * nb), a.s.as_ptr().add(t * nb));
+    let mut acc = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let (b0, b1) = (grp.add(b * xb), grp.add(group_bytes + b * xb));
+        prefetch_ahead(b0, xb);
+        prefetch_ahead(b1, xb);
+        let mut lo_sum = [_mm512_setzero_si512(); G];
+        let mut hi_sum = [_mm512_setzero_si512(); G];
+        for i in 0..4 {
+            let p = pair_reg(b0, b1, regs + 32 * i);
+            let lo = _mm512_and_si512(p, low4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low4);
+            for j in 0..G {
+                let y = y0.add(j * cols + 32 * b + 4 * i);
+                let ylo = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                let yhi = _mm512_set1_epi32((y.add(16) as *const i32).read_unaligned());
+                lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], lo, ylo);
+                if split {
+                    hi_sum[j] = _mm512_dpbusd_epi32(hi_sum[j], hi, yhi);
+                } else {
+                    lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], hi, yhi);
+                }
+            }
+        }
+        let dw = pair_f16(b0, b1, 0);
+        let cw = if MIN { pair_f16(b0, b1, 16) } else { _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)) };
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let isum = if split { _mm512_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] };
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d0.add(j * nb + b)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+            *acc = _mm512_fmadd_ps(cw, _mm512_set1_ps(*s0.add(j * nb + b)), *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(j * stride), *acc);
+    }
 }
 
 /// One group of 8 interleaved Q4_0/Q4_1 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
@@ -569,9 +680,64 @@ unsafe fn q8_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut
     let nb = cols / 32;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qu.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
-    super::avx2::for_groups(w, nb * crate::repack::Q8_0_X8_BYTES, nt, super::TILE, out, stride, |grp, j, n, o| {
-        tile!(q8_x8_tokens, n, grp, a, t0 + j, o, stride)
-    });
+    let group_bytes = nb * crate::repack::Q8_0_X8_BYTES;
+    for_group_pairs(
+        w,
+        group_bytes,
+        nt,
+        out,
+        stride,
+        |pair, j, n, o| tile!(q8_x16_tokens, n, pair, group_bytes, a, t0 + j, o, stride),
+        |grp, j, n, o| tile!(q8_x8_tokens, n, grp, a, t0 + j, o, stride),
+    );
+}
+
+/// [`q8_x8_tokens`] for two groups at once (16 rows), as [`q4_x16_tokens`] is to [`q4_x8_tokens`]: the same
+/// integers and float operations in 16-lane registers, bit-identical results.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn q8_x16_tokens<const G: usize>(
+    grp: *const u8,
+    group_bytes: usize,
+    a: &Acts,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    use crate::repack::{Q8_0_X8_BYTES, Q8_0_X8_OFFSETS, Q8_0_X8_QS};
+    let (nb, cols) = (a.nb, a.cols);
+    let split = G <= 4;
+    let y0 = a.qu.as_ptr().add(t * cols);
+    let d0 = a.d.as_ptr().add(t * nb);
+    let mut acc = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let (b0, b1) = (grp.add(b * Q8_0_X8_BYTES), grp.add(group_bytes + b * Q8_0_X8_BYTES));
+        prefetch_ahead(b0, Q8_0_X8_BYTES);
+        prefetch_ahead(b1, Q8_0_X8_BYTES);
+        let init = pair_reg(b0, b1, Q8_0_X8_OFFSETS);
+        let mut even = [init; G];
+        let mut odd = [_mm512_setzero_si512(); G];
+        for i in 0..8 {
+            let wv = pair_reg(b0, b1, Q8_0_X8_QS + 32 * i);
+            for j in 0..G {
+                let y = _mm512_set1_epi32((y0.add(j * cols + 32 * b + 4 * i) as *const i32).read_unaligned());
+                if split && i % 2 == 1 {
+                    odd[j] = _mm512_dpbusd_epi32(odd[j], y, wv);
+                } else {
+                    even[j] = _mm512_dpbusd_epi32(even[j], y, wv);
+                }
+            }
+        }
+        let dw = pair_f16(b0, b1, 0);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let sum = if split { _mm512_add_epi32(even[j], odd[j]) } else { even[j] };
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d0.add(j * nb + b)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(j * stride), *acc);
+    }
 }
 
 /// One group of 8 interleaved Q8_0 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
