@@ -10,7 +10,7 @@
 //! 16-bit sub-block scales accumulate a super-block in i32, scaled once in f32.
 //! F32/F16/BF16 weights are widened to f32 and FMA'd. Q2_K/Q3_K use the scalar kernels.
 
-use super::{tile, RowKernel};
+use super::{prefetch_ahead, tile, RowKernel};
 use crate::blocks::k4_scales_mins;
 use crate::quantize::Acts;
 use gguf::GgmlType;
@@ -171,6 +171,7 @@ unsafe fn pairs<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     let dbase = a.dp4.as_ptr().add(t0 * 8);
     let sbase = a.s.as_ptr().add(t0 * nb);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
         let mut coef = [0.0f32; SEGB];
@@ -295,6 +296,7 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     let ybase = a.qw.as_ptr().add(t0 * 64);
     let dbase = a.dp4.as_ptr().add(t0 * 8);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
         for k in 0..npairs {
@@ -358,6 +360,7 @@ unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out:
     let (npairs, stride, ybase, dbase, zbase) = screen_operands(a, rb, t0, N);
     let ones = _mm256_set1_epi16(1);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
         for k in 0..npairs {
@@ -435,6 +438,7 @@ unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0:
     let ones = _mm256_set1_epi16(1);
     let low4 = _mm_set1_epi8(0x0F);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let row = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
         let mut coef = [0.0f32; SEG];
@@ -527,6 +531,7 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
     debug_assert!(a.qs.len() >= (t0 + N) * cols && a.bsums.len() >= (t0 + N) * nb * 16);
     let low4 = _mm256_set1_epi8(0x0F);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let mut acc = [_mm256_setzero_ps(); N];
         for ib in 0..nb {
             let blk = &row[ib * bytes..(ib + 1) * bytes];
@@ -590,6 +595,7 @@ unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     let low4 = _mm256_set1_epi8(0x0F);
     let low2 = _mm256_set1_epi8(0x03);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let mut acc = [_mm256_setzero_ps(); N];
         for ib in 0..nb {
             let p = row[ib * 210..(ib + 1) * 210].as_ptr();
@@ -644,6 +650,7 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     debug_assert!(a.f.len() >= (t0 + N) * cols);
     let elem = if K == 0 { 4 } else { 2 };
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let p = row.as_ptr();
         let mut acc = [_mm256_setzero_ps(); N];
         let main = cols / 8 * 8;
@@ -760,6 +767,7 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
     let mut acc = [_mm256_setzero_ps(); G];
     for b in 0..nb {
         let blk = grp.add(b * xb);
+        prefetch_ahead(blk, xb);
         let mut s16 = [_mm256_setzero_si256(); G];
         for i in 0..4 {
             let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
@@ -859,6 +867,7 @@ unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
     let mut acc = [_mm256_setzero_ps(); G];
     for b in 0..nb {
         let blk = grp.add(b * Q4_K_X8_BYTES);
+        prefetch_ahead(blk, Q4_K_X8_BYTES);
         let mut isum = [_mm256_setzero_si256(); G];
         for sb in 0..8 {
             let q = blk.add(Q4_K_X8_QS + 256 * (sb / 2));

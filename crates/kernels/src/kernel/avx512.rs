@@ -14,7 +14,7 @@
 //! Every kernel is generic over the tile size `N` (activation rows, 1..=8) so accumulators stay in
 //! registers; the per-token arithmetic does not depend on `N`, so results are identical for any tiling.
 
-use super::{tile, RowKernel};
+use super::{prefetch_ahead, tile, RowKernel};
 use crate::blocks::k4_scales_mins;
 use crate::quantize::Acts;
 use gguf::GgmlType;
@@ -130,6 +130,7 @@ unsafe fn legacy<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0:
     let zero = _mm512_setzero_si512();
     let c128 = _mm512_set1_epi8(-128);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let row = row.as_ptr();
         let mut acc = [_mm512_setzero_ps(); N];
         let mut mins = [0.0f32; SEG];
@@ -209,6 +210,7 @@ unsafe fn q4_k<const FIVE: bool, const N: usize>(w: &[u8], rb: usize, a: &Acts, 
     });
     let min_idx = _mm256_set_epi16(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let mut acc = [_mm512_setzero_ps(); N];
         for ib in 0..nb {
             let blk = &row[ib * bytes..(ib + 1) * bytes];
@@ -313,6 +315,7 @@ unsafe fn q6_k<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     let shift_a = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF_0000, 2);
     let shift_b = _mm512_mask_set1_epi16(_mm512_set1_epi16(4), 0xFFFF_0000, 6);
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let mut acc = [_mm512_setzero_ps(); N];
         for ib in 0..nb {
             let p = row[ib * 210..(ib + 1) * 210].as_ptr();
@@ -361,6 +364,7 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     debug_assert!(a.f.len() >= (t0 + N) * cols);
     let elem = if K == 0 { 4 } else { 2 };
     for (r, row) in w.chunks_exact(rb).enumerate() {
+        prefetch_ahead(row.as_ptr(), rb);
         let p = row.as_ptr();
         let mut acc = [_mm512_setzero_ps(); N];
         let mut c = 0;
@@ -383,25 +387,6 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
         for j in 0..N {
             out[r * N + j] = _mm512_reduce_add_ps(acc[j]);
         }
-    }
-}
-
-/// How far ahead of the block being read the interleaved kernels and the head screen prefetch weights. The
-/// hardware prefetchers stop at 4 KiB page boundaries, and a layer's matrices are small (a thread's share of
-/// SmolLM2's 576 × 576 Q4_1 is 93 KB), so without it the kernels wait on memory at every page. A whole page ahead
-/// decodes SmolLM2 ~8% faster than 1 KiB did (`specee bench -p 16 -n 128 -r 2 -t 2`, 6 + 8 + 6 alternating
-/// rounds on the 2-vCPU Sapphire Rapids VM: medians 106.5 vs 99.9, 95.9 vs 88.9 tok/s; 2 KiB no better than 1,
-/// 8 KiB the same as 4).
-const PREFETCH_BYTES: usize = 4096;
-
-/// Prefetches the `len` bytes that lie [`PREFETCH_BYTES`] after `p` (may point past the matrix: prefetches do not
-/// fault).
-#[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8, len: usize) {
-    let mut off = 0;
-    while off < len {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES + off) as *const i8);
-        off += 64;
     }
 }
 

@@ -16,6 +16,29 @@ use crate::quantize::Acts;
 use gguf::GgmlType;
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+/// How far ahead of the rows or blocks being read the kernels prefetch weights. The
+/// hardware prefetchers stop at 4 KiB page boundaries, and a layer's matrices are small (a thread's share of
+/// SmolLM2's 576 × 576 Q4_1 is 93 KB), so without it the kernels wait on memory at every page. A whole page ahead
+/// decodes SmolLM2 ~8% faster than 1 KiB did (`specee bench -p 16 -n 128 -r 2 -t 2`, 6 + 8 + 6 alternating
+/// rounds on the 2-vCPU Sapphire Rapids VM: medians 106.5 vs 99.9, 95.9 vs 88.9 tok/s; 2 KiB no better than 1,
+/// 8 KiB the same as 4).
+pub(crate) const PREFETCH_BYTES: usize = 4096;
+
+/// Prefetches the `len` bytes that lie [`PREFETCH_BYTES`] after `p` (may point past the matrix: prefetches do not
+/// fault).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn prefetch_ahead(p: *const u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            p.wrapping_add(PREFETCH_BYTES + off) as *const i8
+        );
+        off += 64;
+    }
+}
+
 /// Most activation rows one kernel call handles (weights are loaded once per tile).
 pub(crate) const TILE: usize = 8;
 
