@@ -422,3 +422,38 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
     let q6_k = vec![0u8; 8 * 210];
     assert!(QMatrix::interleaved8(GgmlType::Q6_K, &q6_k, 8, 256).is_err());
 }
+
+/// The interleaved kernels write exactly the outputs they own: with an odd number of groups (the last one goes
+/// through the two-group kernel alone), nothing after `(nt - 1) * stride + rows` changes, nor the gaps between
+/// the token rows of a wider output.
+#[test]
+fn interleaved_kernels_write_only_their_outputs() {
+    let mut rng = Rng(0x0dd_6a05_0075);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q8_0] {
+        let cols = if ty == GgmlType::Q4_K { 256 } else { 64 };
+        for rows in [8, 24] {
+            let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
+            let kind = act_kind(ty).unwrap();
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+                let Some(kernel::Kernel::Groups8(group)) = kernel::kernel_for(isa, ty, Layout::Interleaved8) else {
+                    continue;
+                };
+                for nt in [1, 3, 8] {
+                    let x = random_x(nt * cols, &mut rng);
+                    let mut buf = ActBuffers::default();
+                    buf.reserve(kind, nt, cols);
+                    buf.quantize_tokens(kind, &x, cols, 0..nt);
+                    let acts = buf.view(kind, &x, cols);
+                    let stride = rows + 5;
+                    let mut out = vec![f32::MAX; (nt - 1) * stride + rows + 16];
+                    let len = (nt - 1) * stride + rows;
+                    group(&data, cols, &acts, 0, nt, &mut out[..len], stride);
+                    for (i, v) in out.iter().enumerate() {
+                        let owned = i < len && i % stride < rows;
+                        assert_eq!(*v == f32::MAX, !owned, "{ty} {isa:?} rows {rows} nt {nt}: element {i} = {v}");
+                    }
+                }
+            }
+        }
+    }
+}

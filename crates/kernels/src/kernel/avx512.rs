@@ -413,20 +413,14 @@ unsafe fn q4_x8<const MIN: bool>(
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
     let group_bytes = nb * crate::repack::x8_legacy_bytes(MIN);
-    for_group_pairs(
-        w,
-        group_bytes,
-        nt,
-        out,
-        stride,
-        |pair, j, n, o| tile!(q4_x16_tokens::<MIN>, n, pair, group_bytes, a, t0 + j, o, stride),
-        |grp, j, n, o| tile!(q4_x8_tokens::<MIN>, n, grp, a, t0 + j, o, stride),
-    );
+    for_group_pairs(w, group_bytes, nt, out, stride, |grp, second, j, n, o| {
+        tile!(q4_x16_tokens::<MIN>, n, grp, second, a, t0 + j, o, stride)
+    });
 }
 
-/// Walks `w`'s groups of 8 interleaved rows (`group_bytes` each) two at a time: `pair(grp, j, n, out)` for each
-/// pair and tile of `n ≤ TILE` activation rows from `j` (16 results per row at `out + j * stride`), `single` the
-/// same for an odd last group (8 results).
+/// Walks `w`'s groups of 8 interleaved rows (`group_bytes` each) two at a time: `pair(grp, second, j, n, out)` for
+/// each pair and tile of `n ≤ TILE` activation rows from `j`, where the pair's second group is `second` bytes after
+/// the first (`0` for an odd last group: the kernel then reads it twice and writes 8 results, not 16).
 #[inline(always)]
 unsafe fn for_group_pairs(
     w: &[u8],
@@ -434,24 +428,30 @@ unsafe fn for_group_pairs(
     nt: usize,
     out: &mut [f32],
     stride: usize,
-    mut pair: impl FnMut(*const u8, usize, usize, *mut f32),
-    mut single: impl FnMut(*const u8, usize, usize, *mut f32),
+    mut pair: impl FnMut(*const u8, usize, usize, usize, *mut f32),
 ) {
     let groups = w.len() / group_bytes;
     assert!(w.len() % group_bytes == 0 && nt >= 1 && out.len() >= (nt - 1) * stride + 8 * groups);
     for g in (0..groups).step_by(2) {
         let grp = w.as_ptr().add(g * group_bytes);
+        let second = if g + 1 < groups { group_bytes } else { 0 };
         let mut j = 0;
         while j < nt {
             let n = (nt - j).min(super::TILE);
-            let o = out.as_mut_ptr().add(j * stride + 8 * g);
-            if g + 1 < groups {
-                pair(grp, j, n, o);
-            } else {
-                single(grp, j, n, o);
-            }
+            pair(grp, second, j, n, out.as_mut_ptr().add(j * stride + 8 * g));
             j += n;
         }
+    }
+}
+
+/// Stores the `G` rows' 16 results at `out + j * stride`, or only the first 8 of each for a lone group
+/// (`second == 0`, see [`for_group_pairs`]).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store_pair_rows<const G: usize>(acc: &[__m512; G], second: usize, out: *mut f32, stride: usize) {
+    let mask: __mmask16 = if second == 0 { 0x00FF } else { 0xFFFF };
+    for (j, acc) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.add(j * stride), mask, *acc);
     }
 }
 
@@ -472,15 +472,20 @@ unsafe fn pair_reg(b0: *const u8, b1: *const u8, off: usize) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_loadu_si256(b1.add(off) as *const __m256i))
 }
 
-/// [`q4_x8_tokens`] for two groups at once (`grp` and `grp + group_bytes`, 16 rows): the same integers and the
-/// same float operations per row, in 16-lane registers, so each activation row needs half the `vpdpbusd`s,
-/// broadcasts and FMAs per weight row; results bit-identical to [`q4_x8_tokens`]'s. Written to
-/// `out[j * stride + 0..16]`.
+/// Two groups of 8 interleaved Q4_0/Q4_1 rows (`grp` and `grp + second`; see [`for_group_pairs`]) × activation
+/// rows `t..t+G`, written to `out[j * stride + 0..16]`.
+///
+/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 16 rows): the nibbles are unpacked once,
+/// and per activation row two `vpdpbusd` (unsigned nibbles × the row's 4 signed values broadcast to every lane)
+/// add into the 16 rows' i32 block sums — no i16 stage. Then, as the AVX2 kernel (same integers, same float
+/// operations, so the same results): `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0) and
+/// `s_x = d_x·Σx`. With few activation rows the low and high nibbles add into separate sums (shorter chains).
+/// Two groups per 512-bit register halve the instructions per weight row of one group per 256-bit register.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[inline]
 unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
     grp: *const u8,
-    group_bytes: usize,
+    second: usize,
     a: &Acts,
     t: usize,
     out: *mut f32,
@@ -494,7 +499,7 @@ unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
     let (d0, s0) = (a.d.as_ptr().add(t * nb), a.s.as_ptr().add(t * nb));
     let mut acc = [_mm512_setzero_ps(); G];
     for b in 0..nb {
-        let (b0, b1) = (grp.add(b * xb), grp.add(group_bytes + b * xb));
+        let (b0, b1) = (grp.add(b * xb), grp.add(second + b * xb));
         prefetch_ahead(b0, xb);
         prefetch_ahead(b1, xb);
         let mut lo_sum = [_mm512_setzero_si512(); G];
@@ -524,61 +529,7 @@ unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
             *acc = _mm512_fmadd_ps(cw, _mm512_set1_ps(*s0.add(j * nb + b)), *acc);
         }
     }
-    for (j, acc) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(j * stride), *acc);
-    }
-}
-
-/// One group of 8 interleaved Q4_0/Q4_1 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
-///
-/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 8 rows): the nibbles are unpacked once, and
-/// per activation row two `vpdpbusd` (unsigned nibbles × the row's 4 signed values broadcast to every lane) add
-/// into the 8 rows' i32 block sums — no i16 stage. Then, as the AVX2 kernel (same integers, same float
-/// operations, so the same results): `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0) and
-/// `s_x = d_x·Σx`. With few activation rows the low and high nibbles add into separate sums (shorter chains).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-#[inline]
-unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
-    grp: *const u8,
-    a: &Acts,
-    t: usize,
-    out: *mut f32,
-    stride: usize,
-) {
-    let (nb, cols) = (a.nb, a.cols);
-    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
-    let split = G <= 4;
-    let low4 = _mm256_set1_epi8(0x0F);
-    let y0 = a.qs.as_ptr().add(t * cols);
-    let d0 = a.d.as_ptr().add(t * nb);
-    let s0 = a.s.as_ptr().add(t * nb);
-    let mut acc = [_mm256_setzero_ps(); G];
-    for b in 0..nb {
-        let blk = grp.add(b * xb);
-        prefetch_ahead(blk, xb);
-        let mut lo_sum = [_mm256_setzero_si256(); G];
-        let mut hi_sum = [_mm256_setzero_si256(); G];
-        for i in 0..4 {
-            let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
-            let lo = _mm256_and_si256(p, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
-            for j in 0..G {
-                let y = y0.add(j * cols + 32 * b + 4 * i);
-                let ylo = _mm256_set1_epi32((y as *const i32).read_unaligned());
-                let yhi = _mm256_set1_epi32((y.add(16) as *const i32).read_unaligned());
-                lo_sum[j] = _mm256_dpbusd_epi32(lo_sum[j], lo, ylo);
-                if split {
-                    hi_sum[j] = _mm256_dpbusd_epi32(hi_sum[j], hi, yhi);
-                } else {
-                    lo_sum[j] = _mm256_dpbusd_epi32(lo_sum[j], hi, yhi);
-                }
-            }
-        }
-        let isum: [__m256i; G] =
-            core::array::from_fn(|j| if split { _mm256_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] });
-        super::avx2::q4_x8_scale::<MIN, G>(blk, &isum, d0.add(b), s0.add(b), nb, &mut acc);
-    }
-    super::avx2::store_rows(&acc, out, stride);
+    store_pair_rows(&acc, second, out, stride);
 }
 
 /// The interleaved Q4_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
@@ -669,24 +620,23 @@ unsafe fn q8_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qu.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb);
     let group_bytes = nb * crate::repack::Q8_0_X8_BYTES;
-    for_group_pairs(
-        w,
-        group_bytes,
-        nt,
-        out,
-        stride,
-        |pair, j, n, o| tile!(q8_x16_tokens, n, pair, group_bytes, a, t0 + j, o, stride),
-        |grp, j, n, o| tile!(q8_x8_tokens, n, grp, a, t0 + j, o, stride),
-    );
+    for_group_pairs(w, group_bytes, nt, out, stride, |grp, second, j, n, o| {
+        tile!(q8_x16_tokens, n, grp, second, a, t0 + j, o, stride)
+    });
 }
 
-/// [`q8_x8_tokens`] for two groups at once (16 rows), as [`q4_x16_tokens`] is to [`q4_x8_tokens`]: the same
-/// integers and float operations in 16-lane registers, bit-identical results.
+/// Two groups of 8 interleaved Q8_0 rows (`grp` and `grp + second`) × activation rows `t..t+G`, written to
+/// `out[j * stride + 0..16]`.
+///
+/// Per block: the rows' sums start at their stored `-128 · Σq`; per register `i` (values `4i..4i+4` of the 16
+/// rows) and activation row, one `vpdpbusd` of the row's 4 values as unsigned `y + 128` (broadcast) with the
+/// signed weights; then `d_w·d_x·sum` in one FMA, as [`super::scalar::q8_x8`]'s integers and float operations.
+/// With few activation rows the even and odd registers add into separate sums (shorter chains).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[inline]
 unsafe fn q8_x16_tokens<const G: usize>(
     grp: *const u8,
-    group_bytes: usize,
+    second: usize,
     a: &Acts,
     t: usize,
     out: *mut f32,
@@ -699,7 +649,7 @@ unsafe fn q8_x16_tokens<const G: usize>(
     let d0 = a.d.as_ptr().add(t * nb);
     let mut acc = [_mm512_setzero_ps(); G];
     for b in 0..nb {
-        let (b0, b1) = (grp.add(b * Q8_0_X8_BYTES), grp.add(group_bytes + b * Q8_0_X8_BYTES));
+        let (b0, b1) = (grp.add(b * Q8_0_X8_BYTES), grp.add(second + b * Q8_0_X8_BYTES));
         prefetch_ahead(b0, Q8_0_X8_BYTES);
         prefetch_ahead(b1, Q8_0_X8_BYTES);
         let init = pair_reg(b0, b1, Q8_0_X8_OFFSETS);
@@ -723,51 +673,7 @@ unsafe fn q8_x16_tokens<const G: usize>(
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *acc);
         }
     }
-    for (j, acc) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(j * stride), *acc);
-    }
-}
-
-/// One group of 8 interleaved Q8_0 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
-///
-/// Per block: the rows' sums start at their stored `-128 · Σq`; per register `i` (values `4i..4i+4` of the 8
-/// rows) and activation row, one `vpdpbusd` of the row's 4 values as unsigned `y + 128` (broadcast) with the
-/// signed weights; then `d_w·d_x·sum` in one FMA, as [`super::scalar::q8_x8`]'s integers and float operations.
-/// With few activation rows the even and odd registers add into separate sums (shorter chains).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-#[inline]
-unsafe fn q8_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
-    use crate::repack::{Q8_0_X8_BYTES, Q8_0_X8_OFFSETS, Q8_0_X8_QS};
-    let (nb, cols) = (a.nb, a.cols);
-    let split = G <= 4;
-    let y0 = a.qu.as_ptr().add(t * cols);
-    let d0 = a.d.as_ptr().add(t * nb);
-    let mut acc = [_mm256_setzero_ps(); G];
-    for b in 0..nb {
-        let blk = grp.add(b * Q8_0_X8_BYTES);
-        prefetch_ahead(blk, Q8_0_X8_BYTES);
-        let init = _mm256_loadu_si256(blk.add(Q8_0_X8_OFFSETS) as *const __m256i);
-        let mut even = [init; G];
-        let mut odd = [_mm256_setzero_si256(); G];
-        for i in 0..8 {
-            let wv = _mm256_loadu_si256(blk.add(Q8_0_X8_QS + 32 * i) as *const __m256i);
-            for j in 0..G {
-                let y = _mm256_set1_epi32((y0.add(j * cols + 32 * b + 4 * i) as *const i32).read_unaligned());
-                if split && i % 2 == 1 {
-                    odd[j] = _mm256_dpbusd_epi32(odd[j], y, wv);
-                } else {
-                    even[j] = _mm256_dpbusd_epi32(even[j], y, wv);
-                }
-            }
-        }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-        for (j, acc) in acc.iter_mut().enumerate() {
-            let sum = if split { _mm256_add_epi32(even[j], odd[j]) } else { even[j] };
-            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *acc);
-        }
-    }
-    super::avx2::store_rows(&acc, out, stride);
+    store_pair_rows(&acc, second, out, stride);
 }
 
 /// The head screen's 6-bit rows ([`crate::screen`]) × `N` activation rows with VNNI: the AVX2 kernel's
