@@ -16,13 +16,13 @@ use crate::quantize::Acts;
 use gguf::GgmlType;
 use std::sync::OnceLock;
 
+/// How far ahead of the rows or blocks being read the kernels prefetch weights. The hardware prefetchers stop at
+/// 4 KiB page boundaries, and a layer's matrices are small (a thread's share of SmolLM2's 576 × 576 Q4_1 is 93 KB),
+/// so without it the kernels wait on memory at every page. Measured with `specee bench -p 16 -n 128 -r 2 -t 2`,
+/// alternating binaries on the 2-vCPU Sapphire Rapids VM: the AVX-512 interleaved kernels decode SmolLM2 ~8% faster
+/// a whole page ahead than 1 KiB ahead (medians 106.5 vs 99.9, 95.9 vs 88.9 tok/s; 2 KiB no better than 1, 8 KiB
+/// the same as 4); the AVX2 kernels, which had no prefetch, 27% faster (`SPECEE_KERNEL=avx2`: 106.5 vs 83.9).
 #[cfg(target_arch = "x86_64")]
-/// How far ahead of the rows or blocks being read the kernels prefetch weights. The
-/// hardware prefetchers stop at 4 KiB page boundaries, and a layer's matrices are small (a thread's share of
-/// SmolLM2's 576 × 576 Q4_1 is 93 KB), so without it the kernels wait on memory at every page. A whole page ahead
-/// decodes SmolLM2 ~8% faster than 1 KiB did (`specee bench -p 16 -n 128 -r 2 -t 2`, 6 + 8 + 6 alternating
-/// rounds on the 2-vCPU Sapphire Rapids VM: medians 106.5 vs 99.9, 95.9 vs 88.9 tok/s; 2 KiB no better than 1,
-/// 8 KiB the same as 4).
 pub(crate) const PREFETCH_BYTES: usize = 4096;
 
 /// Prefetches the `len` bytes that lie [`PREFETCH_BYTES`] after `p` (may point past the matrix: prefetches do not
