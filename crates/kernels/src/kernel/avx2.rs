@@ -792,7 +792,7 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
 /// point at the first row's `d_x` and `s_x` of this block (the rows `nb` apart).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn q4_x8_scale<const MIN: bool, const G: usize>(
+unsafe fn q4_x8_scale<const MIN: bool, const G: usize>(
     blk: *const u8,
     isum: &[__m256i; G],
     d: *const f32,
