@@ -118,7 +118,8 @@ pub fn load_eagle(
         let err = |source| EngineError::PublishedHead { path: p.to_path_buf(), source };
         let head = PublishedHead::load(p).map_err(err)?;
         let tree = tree.unwrap_or_else(PublishedProposer::default_tree);
-        return Ok(AnyProposer::Published(Box::new(PublishedProposer::new(head, &engine.model, tree).map_err(err)?)));
+        let proposer = PublishedProposer::new(head, &engine.model, tree).map_err(err)?;
+        return Ok(AnyProposer::Published(Box::new(proposer.with_lookup(EagleProposer::DEFAULT_LOOKUP))));
     }
     Ok(AnyProposer::eagle(load_head(engine, model_path, path)?, tree))
 }

@@ -86,7 +86,7 @@ pub struct ModeArgs {
     pub tree: Option<decode::speculative::TreeConfig>,
     /// --mode eagle and specee-eagle: also draft the prompt-lookup chain (what followed the latest 2–4 tokens
     /// earlier in the context) of N tokens, doubling up to 4N while each chain is accepted whole, merged into the
-    /// head's tree (default 3; 0: off; not with a published head).
+    /// head's tree (default 3; 0: off).
     #[arg(long)]
     pub lookup: Option<usize>,
     /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).
@@ -173,8 +173,10 @@ impl ModeArgs {
             Mode::Dense => Runner::Dense,
             Mode::Eagle => {
                 let mut p = load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?;
-                if let (Some(n), AnyProposer::Eagle(e)) = (self.lookup, &mut p) {
-                    e.lookup = decode::speculative::LookupChain::new(n);
+                match (self.lookup.map(decode::speculative::LookupChain::new), &mut p) {
+                    (Some(chain), AnyProposer::Eagle(e)) => e.lookup = chain,
+                    (Some(chain), AnyProposer::Published(e)) => e.lookup = chain,
+                    _ => {}
                 }
                 Runner::Speculative(p)
             }

@@ -9,6 +9,7 @@
 
 use super::{EagleVersion, PublishedHead, PublishedHeadError};
 use crate::speculative::eagle::top_k_log_probs;
+use crate::speculative::ngram::LookupChain;
 use crate::speculative::proposer::{DraftContext, FeatureSource, Proposer};
 use crate::speculative::tree::{build_dynamic_tree, DraftTree, TreeConfig};
 use crate::speculative::SpeculativeError;
@@ -216,6 +217,9 @@ pub struct PublishedProposer {
     features: FeatureSource,
     /// Tree sizes.
     pub tree: TreeConfig,
+    /// The prompt-lookup chain added to each tree (base length 0: none), as `--mode eagle` adds to our own heads'
+    /// trees ([`crate::speculative::EagleProposer::with_lookup`]).
+    pub lookup: LookupChain,
     cache: DraftCache,
     scratch: Scratch,
     /// Per pool node of the current tree: its cache slot and output `h` (`d` floats).
@@ -240,6 +244,7 @@ impl PublishedProposer {
             head,
             features,
             tree,
+            lookup: LookupChain::default(),
             cache: DraftCache::default(),
             scratch: Scratch::default(),
             node_slot: Vec::new(),
@@ -253,6 +258,12 @@ impl PublishedProposer {
             logits: Vec::new(),
             order: Vec::new(),
         })
+    }
+
+    /// Also drafts the greedy prompt-lookup chain of `depth` tokens ([`LookupChain`]) beside the head's tree.
+    pub fn with_lookup(mut self, depth: usize) -> PublishedProposer {
+        self.lookup = LookupChain::new(depth);
+        self
     }
 
     /// Default tree sizes for published heads: EAGLE-2's shape shrunk for a small CPU (depth 4, top-4, 10 nodes).
@@ -366,6 +377,9 @@ impl Proposer for PublishedProposer {
                 children.push(kids);
             }
             Ok::<(), SpeculativeError>(())
-        })
+        })?;
+        // The decoder cuts the tree to its room and token limit.
+        self.lookup.extend(context.tokens, tree, usize::MAX);
+        Ok(())
     }
 }

@@ -475,12 +475,37 @@ fn published_heads_are_lossless_on_a_tiny_model() {
     let want = crate::test_util::dense_greedy(&model, n);
     for version in [EagleVersion::Eagle1, EagleVersion::Eagle3] {
         let head = head_of(&checkpoint(version, false, 17), version, true);
-        let proposer = PublishedProposer::new(head, &model, PublishedProposer::default_tree()).unwrap();
+        // With the lookup chain `--mode eagle` adds: its nodes are verified like the head's.
+        let proposer = PublishedProposer::new(head, &model, PublishedProposer::default_tree()).unwrap().with_lookup(3);
         let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
         let got = crate::test_util::speculative_greedy(&mut dec, n);
         assert_eq!(got, want, "{version:?}");
         assert!(dec.stats().drafted_nodes > 0, "{version:?}: the head drafted nothing");
     }
+}
+
+#[test]
+fn published_heads_draft_the_lookup_chain_too() {
+    let model = model::testing::tiny_model("llama", None, 13, VOCAB);
+    let pool = kernels::ThreadPool::new(1);
+    let head = head_of(&checkpoint(EagleVersion::Eagle3, false, 17), EagleVersion::Eagle3, true);
+    // What followed `5 6 7` earlier is `8 9 10 11`: the chain drafts it below the root 7.
+    let tokens = [1, 5, 6, 7, 8, 9, 10, 11, 2, 5, 6, 7];
+    let features = vec![0.5; (tokens.len() - 1) * 3 * D];
+    let ctx = context(&model, &pool, &tokens, &features, 3 * D, 0);
+    let chain_of = |proposer: &mut PublishedProposer| {
+        let mut tree = DraftTree::new(7);
+        proposer.propose(&ctx, &mut tree).unwrap();
+        let deepest = (0..tree.len()).max_by_key(|&i| tree.node(i).depth).unwrap();
+        let mut path = Vec::new();
+        tree.path_tokens(deepest, &mut path);
+        path
+    };
+    let config = TreeConfig { depth: 1, top_k: 1, budget: 1, min_prob: 0.0 };
+    let mut plain = PublishedProposer::new(head.clone(), &model, config.clone()).unwrap();
+    assert_eq!(chain_of(&mut plain).len(), 1, "without a chain the tree is the head's one node");
+    let mut with = PublishedProposer::new(head, &model, config).unwrap().with_lookup(3);
+    assert_eq!(chain_of(&mut with), [8, 9, 10]);
 }
 
 #[test]
