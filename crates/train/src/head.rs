@@ -47,7 +47,8 @@ const NAMES: [&str; 8] = [
     "lm_head.weight",
 ];
 
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+/// RMS norm over the last dimension, times `w`.
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
 }
@@ -159,33 +160,15 @@ impl HeadNet {
         dtype: DType,
         mut metadata: HashMap<String, String>,
     ) -> Result<(), TrainError> {
-        use safetensors::tensor::TensorView;
         metadata.insert("format".into(), FORMAT.into());
         metadata.insert("rms_eps".into(), self.eps.to_string());
-        let mut blobs: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        for (name, var) in self.names().into_iter().zip(self.vars()) {
-            let t = var.as_tensor().to_dtype(dtype)?;
-            let dims = t.dims().to_vec();
-            let flat = t.flatten_all()?;
-            let (st_dtype, bytes) = match dtype {
-                DType::F16 => (
-                    safetensors::Dtype::F16,
-                    flat.to_vec1::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                ),
-                _ => (safetensors::Dtype::F32, flat.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-            };
-            blobs.push((name.to_string(), st_dtype, dims, bytes));
-        }
-        let offsets: Vec<u8> = d2t.iter().enumerate().flat_map(|(j, &t)| (t as i64 - j as i64).to_le_bytes()).collect();
-        blobs.push(("d2t".into(), safetensors::Dtype::I64, vec![d2t.len()], offsets));
-        let err = |e: safetensors::SafeTensorError| TrainError::Format(e.to_string());
-        let views = blobs
-            .iter()
-            .map(|(n, dt, dims, b)| Ok((n.as_str(), TensorView::new(*dt, dims.clone(), b).map_err(err)?)))
-            .collect::<Result<Vec<_>, TrainError>>()?;
-        let tmp = path.with_extension("tmp");
-        safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(|e| TrainError::Io(path.display().to_string(), e))
+        let blobs = self
+            .names()
+            .into_iter()
+            .zip(self.vars())
+            .map(|(name, var)| tensor_blob(name, var.as_tensor(), dtype))
+            .collect::<Result<Vec<_>, _>>()?;
+        write_head_file(path, blobs, d2t, metadata)
     }
 
     /// Loads the weights of a head file written by [`HeadNet::save`] into this net (shapes must match);
@@ -214,6 +197,42 @@ impl HeadNet {
         }
         Ok((head.metadata, head.d2t))
     }
+}
+
+/// One tensor of a head file: name, type, shape, little-endian bytes.
+pub(crate) type Blob = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// `t` as a [`Blob`] of `dtype` (F16, or F32 for anything else).
+pub(crate) fn tensor_blob(name: &str, t: &Tensor, dtype: DType) -> Result<Blob, TrainError> {
+    let flat = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let (st, bytes) = match dtype {
+        DType::F16 => {
+            (safetensors::Dtype::F16, flat.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect())
+        }
+        _ => (safetensors::Dtype::F32, flat.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    };
+    Ok((name.to_string(), st, t.dims().to_vec(), bytes))
+}
+
+/// Writes a head file: `blobs`, then `d2t` as I64 offsets (draft id `j` is target token `j + d2t[j]`), with
+/// `metadata`; through a temporary file, so a crash never leaves half a head.
+pub(crate) fn write_head_file(
+    path: &Path,
+    mut blobs: Vec<Blob>,
+    d2t: &[u32],
+    metadata: HashMap<String, String>,
+) -> Result<(), TrainError> {
+    use safetensors::tensor::TensorView;
+    let offsets: Vec<u8> = d2t.iter().enumerate().flat_map(|(j, &t)| (t as i64 - j as i64).to_le_bytes()).collect();
+    blobs.push(("d2t".into(), safetensors::Dtype::I64, vec![d2t.len()], offsets));
+    let err = |e: safetensors::SafeTensorError| TrainError::Format(e.to_string());
+    let views = blobs
+        .iter()
+        .map(|(n, dt, dims, b)| Ok((n.as_str(), TensorView::new(*dt, dims.clone(), b).map_err(err)?)))
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let tmp = path.with_extension("tmp");
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(|e| TrainError::Io(path.display().to_string(), e))
 }
 
 /// A small deterministic generator for initialisation and shuffling.

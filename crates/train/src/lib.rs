@@ -9,10 +9,13 @@
 //!   smooth-L1 loss on its predicted feature, unrolled over `steps` draft steps that feed on their own
 //!   predicted features as the tree does at inference; AdamW with a cosine learning-rate decay; held-out
 //!   acceptance printed per epoch; a checkpoint after every epoch, from which a rerun resumes.
+//! - [`eagle3`]: EAGLE-3-style heads (one attention layer over the context on three fused target layers),
+//!   trained on whole sequences and written in the published EAGLE-3 layout.
 //! - [`exit`]: SpecEE's per-layer exit predictors — traced full-depth decoding, one small MLP per layer, the
 //!   offline schedule and thresholds, and a plot of where tokens exit.
 
 pub mod data;
+pub mod eagle3;
 pub mod exit;
 pub mod head;
 
@@ -225,7 +228,7 @@ fn make_batch(
 }
 
 /// Masked mean cross-entropy of `logits` `[B, N]` against `label` `[B]`.
-fn cross_entropy(logits: &Tensor, label: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn cross_entropy(logits: &Tensor, label: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
     let lp = candle_nn::ops::log_softmax(logits, 1)?;
     let picked = lp.gather(&label.unsqueeze(1)?, 1)?.squeeze(1)?;
     let n = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
@@ -305,6 +308,170 @@ fn evaluate(
     Ok((acc, loss_sum / batches.max(1) as f64))
 }
 
+/// Learning-rate schedule and reporting of [`run_epochs`].
+pub(crate) struct Schedule {
+    pub lr: f64,
+    pub lr_end: f64,
+    pub epochs: usize,
+    pub progress: bool,
+}
+
+/// What [`run_epochs`] drives: one head design's batches, held-out evaluation and checkpoints.
+pub(crate) trait Trainee {
+    /// Number of batches per epoch.
+    fn batches(&self) -> usize;
+    /// Orders the batches for `epoch` (the same order for the same epoch, so a resumed run repeats it).
+    fn shuffle(&mut self, epoch: usize);
+    /// Trains on batch `i` at learning rate `lr`; returns its loss.
+    fn train_batch(&mut self, i: usize, lr: f64) -> Result<f64, TrainError>;
+    /// Held-out acceptance and loss.
+    fn evaluate(&mut self) -> Result<(Acceptance, f64), TrainError>;
+    /// Writes the checkpoint after `epoch` (0-based).
+    fn checkpoint(&mut self, epoch: usize) -> Result<(), TrainError>;
+}
+
+/// The epoch a checkpoint (its metadata and draft vocabulary, as loaded) was written after; refuses a checkpoint
+/// of another draft vocabulary.
+pub(crate) fn resumed_epoch(
+    path: &Path,
+    (meta, ckpt_vocab): (HashMap<String, String>, Vec<u32>),
+    vocab: &[u32],
+) -> Result<usize, TrainError> {
+    if ckpt_vocab != vocab {
+        return Err(TrainError::Invalid(format!(
+            "checkpoint {} was made with another draft vocabulary (different data or --vocab); remove it",
+            path.display()
+        )));
+    }
+    let epoch = meta.get("epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
+    eprintln!("resuming from {} after epoch {epoch}", path.display());
+    Ok(epoch)
+}
+
+/// The line before training: what is trained on, and the untrained head's held-out figures.
+pub(crate) fn report_start(what: &str, before: &Acceptance, loss: f64) {
+    eprintln!(
+        "{what}; held-out before: loss {loss:.3}, top-1 {:.3}, top-3 {:.3}, step-2 top-1 {:.3}",
+        before.top1, before.top3, before.top1_step2
+    );
+}
+
+/// Records how a head was trained in its file's metadata.
+pub(crate) fn record_training(
+    metadata: &mut HashMap<String, String>,
+    epochs: usize,
+    positions: usize,
+    last: &Acceptance,
+    settings: String,
+) {
+    metadata.insert("epochs".into(), epochs.to_string());
+    metadata.insert("train_positions".into(), positions.to_string());
+    metadata.insert("heldout_top1".into(), format!("{:.4}", last.top1));
+    metadata.insert("heldout_top3".into(), format!("{:.4}", last.top3));
+    metadata.insert("heldout_step2_top1".into(), format!("{:.4}", last.top1_step2));
+    metadata.insert("settings".into(), settings);
+}
+
+/// Fisher–Yates shuffle with the epoch's own seed.
+pub(crate) fn shuffle_for_epoch<T>(items: &mut [T], seed: u64, epoch: usize) {
+    let mut rng = Lcg(seed.wrapping_add(epoch as u64 * 7919));
+    for i in (1..items.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        items.swap(i, j);
+    }
+}
+
+/// The epoch loop every head design shares: epochs `first_epoch..` with a cosine learning rate over all batches, a
+/// progress bar (or a line every tenth of an epoch without a terminal), held-out acceptance and a checkpoint after
+/// each epoch. Returns the last acceptance (`before` when no epoch ran).
+pub(crate) fn run_epochs(
+    schedule: &Schedule,
+    first_epoch: usize,
+    before: Acceptance,
+    start: Instant,
+    trainee: &mut impl Trainee,
+) -> Result<Acceptance, TrainError> {
+    let Schedule { lr, lr_end, epochs, progress } = *schedule;
+    let n_batches = trainee.batches();
+    let mut last = before;
+    for epoch in first_epoch..epochs {
+        trainee.shuffle(epoch);
+        let bar = progress_bar(progress, n_batches as u64, &format!("epoch {}/{epochs}", epoch + 1));
+        let (mut loss_sum, mut seen) = (0f64, 0usize);
+        for i in 0..n_batches {
+            loss_sum += trainee.train_batch(i, cosine_lr(lr, lr_end, epoch * n_batches + i, epochs * n_batches))?;
+            seen += 1;
+            bar.set_message(format!("loss {:.3}", loss_sum / seen as f64));
+            bar.inc(1);
+            if bar.is_hidden() && progress && seen % (n_batches / 10).max(1) == 0 {
+                // No terminal (a log file): a line every tenth of the epoch instead of the bar.
+                eprintln!(
+                    "epoch {}/{epochs}: batch {seen}/{n_batches}, loss {:.3}, {:.0} s",
+                    epoch + 1,
+                    loss_sum / seen as f64,
+                    start.elapsed().as_secs_f64()
+                );
+            }
+        }
+        bar.finish_and_clear();
+        let (acc, heldout_loss) = trainee.evaluate()?;
+        last = acc;
+        eprintln!(
+            "epoch {}/{epochs}: train loss {:.3} | held-out loss {heldout_loss:.3}, top-1 {:.3}, top-3 {:.3}, step-2 \
+             top-1 {:.3}, chain τ≈{:.2} | {:.0} s",
+            epoch + 1,
+            loss_sum / seen.max(1) as f64,
+            acc.top1,
+            acc.top3,
+            acc.top1_step2,
+            acc.chain_tau(4),
+            start.elapsed().as_secs_f64()
+        );
+        trainee.checkpoint(epoch)?;
+    }
+    Ok(last)
+}
+
+/// The MLP head's side of [`run_epochs`]: shuffled positions in batches of `batch`.
+struct MlpTrainee<'a, S> {
+    net: &'a HeadNet,
+    opt: AdamW,
+    positions: Vec<u32>,
+    batch: usize,
+    steps: usize,
+    reg_weight: f64,
+    seed: u64,
+    train: &'a DraftData,
+    heldout: &'a DraftData,
+    table: &'a EmbTable,
+    t2d: &'a HashMap<u32, u32>,
+    eval_positions: usize,
+    save: S,
+}
+
+impl<S: FnMut(usize) -> Result<(), TrainError>> Trainee for MlpTrainee<'_, S> {
+    fn batches(&self) -> usize {
+        self.positions.len().div_ceil(self.batch)
+    }
+    fn shuffle(&mut self, epoch: usize) {
+        shuffle_for_epoch(&mut self.positions, self.seed, epoch);
+    }
+    fn train_batch(&mut self, i: usize, lr: f64) -> Result<f64, TrainError> {
+        self.opt.set_learning_rate(lr);
+        let chunk = &self.positions[i * self.batch..((i + 1) * self.batch).min(self.positions.len())];
+        let batch = make_batch(self.train, self.table, self.t2d, chunk, self.steps)?;
+        let (loss, _) = unroll(self.net, &batch, self.steps, self.reg_weight)?;
+        self.opt.backward_step(&loss)?;
+        Ok(loss.to_scalar::<f32>()? as f64)
+    }
+    fn evaluate(&mut self) -> Result<(Acceptance, f64), TrainError> {
+        evaluate(self.net, self.heldout, self.table, self.t2d, self.eval_positions)
+    }
+    fn checkpoint(&mut self, epoch: usize) -> Result<(), TrainError> {
+        (self.save)(epoch)
+    }
+}
+
 /// What [`train_draft`] reports.
 #[derive(Clone, Debug)]
 pub struct TrainReport {
@@ -356,101 +523,51 @@ pub fn train_draft(
     let net = HeadNet::new(shape, model.config.rms_eps as f64, &head_rows, opts.seed)?;
     let mut first_epoch = 0;
     if opts.checkpoint.exists() {
-        let (meta, ckpt_vocab) = net.load_into(&opts.checkpoint)?;
-        if ckpt_vocab != vocab {
-            return Err(TrainError::Invalid(format!(
-                "checkpoint {} was made with another draft vocabulary (different data or --vocab); remove it",
-                opts.checkpoint.display()
-            )));
-        }
-        first_epoch = meta.get("epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
-        eprintln!("resuming from {} after epoch {first_epoch}", opts.checkpoint.display());
+        first_epoch = resumed_epoch(&opts.checkpoint, net.load_into(&opts.checkpoint)?, &vocab)?;
     }
     let table = EmbTable::new(model, &[train, heldout])?;
-    let mut positions = sample_positions(train, opts.steps);
+    let positions = sample_positions(train, opts.steps);
     if positions.is_empty() {
         return Err(TrainError::Invalid("no training positions (sequences too short?)".into()));
     }
-    let mut opt = AdamW::new(net.vars(), ParamsAdamW { lr: opts.lr, weight_decay: 0.0, ..Default::default() })?;
+    let opt = AdamW::new(net.vars(), ParamsAdamW { lr: opts.lr, weight_decay: 0.0, ..Default::default() })?;
     let (before, before_loss) = evaluate(&net, heldout, &table, &t2d, opts.eval_positions)?;
-    eprintln!(
-        "draft vocabulary {} tokens; {} training positions; held-out before: loss {before_loss:.3}, top-1 {:.3}, \
-         top-3 {:.3}, step-2 top-1 {:.3}",
-        vocab.len(),
-        positions.len(),
-        before.top1,
-        before.top3,
-        before.top1_step2
-    );
-    let mut last = before;
-    for epoch in first_epoch..opts.epochs {
-        // Fisher–Yates with the epoch's own seed, so a resumed run sees the same order.
-        let mut erng = Lcg(opts.seed.wrapping_add(epoch as u64 * 7919));
-        for i in (1..positions.len()).rev() {
-            let j = (erng.next_u64() % (i as u64 + 1)) as usize;
-            positions.swap(i, j);
-        }
-        let n_batches = positions.len().div_ceil(opts.batch);
-        let bar = progress_bar(opts.progress, n_batches as u64, &format!("epoch {}/{}", epoch + 1, opts.epochs));
-        let (mut loss_sum, mut seen) = (0f64, 0usize);
-        for chunk in positions.chunks(opts.batch) {
-            opt.set_learning_rate(cosine_lr(opts.lr, opts.lr_end, epoch * n_batches + seen, opts.epochs * n_batches));
-            let batch = make_batch(train, &table, &t2d, chunk, opts.steps)?;
-            let (loss, _) = unroll(&net, &batch, opts.steps, opts.reg_weight)?;
-            opt.backward_step(&loss)?;
-            loss_sum += loss.to_scalar::<f32>()? as f64;
-            seen += 1;
-            bar.set_message(format!("loss {:.3}", loss_sum / seen as f64));
-            bar.inc(1);
-            if bar.is_hidden() && opts.progress && seen % (n_batches / 10).max(1) == 0 {
-                // No terminal (a log file): a line every tenth of the epoch instead of the bar.
-                eprintln!(
-                    "epoch {}/{}: batch {seen}/{n_batches}, loss {:.3}, {:.0} s",
-                    epoch + 1,
-                    opts.epochs,
-                    loss_sum / seen as f64,
-                    start.elapsed().as_secs_f64()
-                );
-            }
-        }
-        bar.finish_and_clear();
-        let (acc, heldout_loss) = evaluate(&net, heldout, &table, &t2d, opts.eval_positions)?;
-        last = acc;
-        eprintln!(
-            "epoch {}/{}: train loss {:.3} | held-out loss {heldout_loss:.3}, top-1 {:.3}, top-3 {:.3}, step-2 top-1 \
-             {:.3}, chain τ≈{:.2} | {:.0} s",
-            epoch + 1,
-            opts.epochs,
-            loss_sum / seen.max(1) as f64,
-            acc.top1,
-            acc.top3,
-            acc.top1_step2,
-            acc.chain_tau(4),
-            start.elapsed().as_secs_f64()
-        );
-        let mut ckpt_meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
-        ckpt_meta.extend(fuse_meta.clone());
-        net.save(&opts.checkpoint, &vocab, DType::F32, ckpt_meta)?;
-    }
+    let what = format!("draft vocabulary {} tokens; {} training positions", vocab.len(), positions.len());
+    report_start(&what, &before, before_loss);
+    let schedule = Schedule { lr: opts.lr, lr_end: opts.lr_end, epochs: opts.epochs, progress: opts.progress };
+    let mut trainee = MlpTrainee {
+        net: &net,
+        opt,
+        positions,
+        batch: opts.batch,
+        steps: opts.steps,
+        reg_weight: opts.reg_weight,
+        seed: opts.seed,
+        train,
+        heldout,
+        table: &table,
+        t2d: &t2d,
+        eval_positions: opts.eval_positions,
+        save: |epoch: usize| {
+            let mut ckpt_meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
+            ckpt_meta.extend(fuse_meta.clone());
+            net.save(&opts.checkpoint, &vocab, DType::F32, ckpt_meta)
+        },
+    };
+    let last = run_epochs(&schedule, first_epoch, before, start, &mut trainee)?;
+    let MlpTrainee { positions, .. } = trainee;
     let report = TrainReport {
         epochs_run: opts.epochs.saturating_sub(first_epoch),
         train_positions: positions.len(),
         heldout: last,
         seconds: start.elapsed().as_secs_f64(),
     };
-    metadata.insert("epochs".into(), opts.epochs.to_string());
     metadata.extend(fuse_meta);
-    metadata.insert("train_positions".into(), positions.len().to_string());
-    metadata.insert("heldout_top1".into(), format!("{:.4}", last.top1));
-    metadata.insert("heldout_top3".into(), format!("{:.4}", last.top3));
-    metadata.insert("heldout_step2_top1".into(), format!("{:.4}", last.top1_step2));
-    metadata.insert(
-        "settings".into(),
-        format!(
-            "vocab={} ff={} batch={} lr={} lr_end={} steps={} reg_weight={} seed={}",
-            opts.vocab, opts.ff, opts.batch, opts.lr, opts.lr_end, opts.steps, opts.reg_weight, opts.seed
-        ),
+    let settings = format!(
+        "vocab={} ff={} batch={} lr={} lr_end={} steps={} reg_weight={} seed={}",
+        opts.vocab, opts.ff, opts.batch, opts.lr, opts.lr_end, opts.steps, opts.reg_weight, opts.seed
     );
+    record_training(&mut metadata, opts.epochs, positions.len(), &last, settings);
     net.save(out, &vocab, DType::F16, metadata)?;
     Ok(report)
 }
@@ -471,7 +588,7 @@ pub fn progress_bar(show: bool, len: u64, prefix: &str) -> indicatif::ProgressBa
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use decode::sampling::argmax;
     use decode::speculative::eagle::DraftScratch;
@@ -488,7 +605,7 @@ mod tests {
 
     /// Sequences of a tiny model's vocabulary where every next token follows from the previous one
     /// (`t' = 5t + 3 mod V`) and features are noise: a head can learn the next token from its token input.
-    fn synthetic(model: &model::Model, n_seq: usize, len: usize, seed: u64) -> DraftData {
+    pub(crate) fn synthetic(model: &model::Model, n_seq: usize, len: usize, seed: u64) -> DraftData {
         let (d, v) = (model.config.n_embd, model.config.vocab_size as u32);
         let mut rng = Lcg(seed);
         let mut data = DraftData { d, ..Default::default() };
@@ -508,7 +625,7 @@ mod tests {
     }
 
     /// Aux rows of noise for `layers` (their values do not matter to these tests, only that both sides read them).
-    fn with_noise_aux(mut data: DraftData, layers: usize, seed: u64) -> DraftData {
+    pub(crate) fn with_noise_aux(mut data: DraftData, layers: usize, seed: u64) -> DraftData {
         let mut rng = Lcg(seed);
         data.aux_width = layers * data.d;
         data.aux =

@@ -8,6 +8,10 @@
 //! record file later collects only the new one; `--epochs 0` stops there); then it trains on all of them joined,
 //! printing loss and held-out acceptance per epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a
 //! rerun resumes. `scripts/draft_data.py` writes the record files.
+//!
+//! `--design eagle3` trains an EAGLE-3-style head instead (`train::eagle3`: one attention layer over the whole
+//! context on three fused target layers, traced over the data once and cached beside it) and writes it as a
+//! published EAGLE-3 checkpoint folder at `--out`, which `--mode eagle --draft DIR` runs.
 
 use super::{sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
@@ -54,9 +58,23 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Layers whose inputs the head fuses with the final-normed feature, EAGLE-3 style (e.g. `2,15`; empty:
-    /// EAGLE-1 style). Traced over the collected data once and cached beside it.
+    /// EAGLE-1 style). Traced over the collected data once and cached beside it. With `--design eagle3`: the
+    /// three fused layers (default `2,L/2,L`, L = the model's layer count, whose "input" is the last layer's
+    /// output).
     #[arg(long, value_delimiter = ',')]
     pub fuse_layers: Vec<usize>,
+    /// Head design: `mlp` (specee's own format, one feed-forward block; every mode uses it) or `eagle3` (one
+    /// attention layer over the whole context on three fused target layers, written as a published EAGLE-3
+    /// checkpoint folder at --out; `--mode eagle --draft DIR` runs it). With `eagle3`, --batch counts tokens
+    /// (whole sequences are packed up to it).
+    #[arg(long, default_value = "mlp", value_parser = ["mlp", "eagle3"])]
+    pub design: String,
+    /// Attention heads of an `eagle3` head (default: the model's).
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// KV heads of an `eagle3` head (default: the model's).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
     #[command(flatten)]
     pub collect: CollectArgs,
 }
@@ -151,33 +169,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let engine = a.model.load()?;
     let opts = a.collect.options(a.model.threads());
+    let eagle3 = a.design == "eagle3";
+    let n_layers = engine.model.config.n_layers;
+    let fuse_layers =
+        if eagle3 && a.fuse_layers.is_empty() { vec![2, n_layers / 2, n_layers] } else { a.fuse_layers.clone() };
     let mut train_data = DraftData::default();
     for (path, cache) in a.data.iter().zip(&caches) {
         let data = collect_cached(&engine, path, cache, opts, a.collect.limit)?;
-        train_data.append(&with_aux(&engine, data, cache, &a.fuse_layers, opts.threads)?)?;
+        train_data.append(&with_aux(&engine, data, cache, &fuse_layers, opts.threads)?)?;
     }
     let heldout_cache = sibling(&a.out, "heldout-data.safetensors");
     let heldout = collect_cached(&engine, &a.heldout, &heldout_cache, opts, 0)?;
-    let heldout = with_aux(&engine, heldout, &heldout_cache, &a.fuse_layers, opts.threads)?;
+    let heldout = with_aux(&engine, heldout, &heldout_cache, &fuse_layers, opts.threads)?;
     if a.epochs == 0 {
         eprintln!("--epochs 0: data collected ({} training tokens), no head trained", train_data.tokens.len());
         return Ok(());
     }
-    let topts = TrainOptions {
-        vocab: a.vocab,
-        ff: a.ff,
-        epochs: a.epochs,
-        batch: a.batch,
-        lr: a.lr,
-        lr_end: a.lr_end,
-        steps: a.steps,
-        reg_weight: a.reg_weight,
-        seed: a.seed,
-        eval_positions: 4000,
-        checkpoint: sibling(&a.out, "ckpt.safetensors"),
-        progress: true,
-        fuse_layers: a.fuse_layers.clone(),
-    };
     let base = a.model.model.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
     let metadata = HashMap::from([
         ("base_model".to_string(), base.unwrap_or_else(|| engine::fetch::DefaultModel::SmolLM2.file_name().into())),
@@ -185,8 +192,43 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ("train_tokens".to_string(), train_data.tokens.len().to_string()),
         ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
     ]);
-    let report = train::train_draft(&engine.model, &train_data, &heldout, &a.out, &topts, metadata)?;
-    let size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+    let c = &engine.model.config;
+    let report = if eagle3 {
+        let eopts = train::eagle3::Eagle3Options {
+            vocab: a.vocab,
+            ff: a.ff,
+            n_head: a.heads.unwrap_or(c.n_head),
+            n_head_kv: a.kv_heads.unwrap_or(c.n_head_kv),
+            epochs: a.epochs,
+            batch_tokens: a.batch,
+            lr: a.lr,
+            lr_end: a.lr_end,
+            steps: a.steps,
+            seed: a.seed,
+            checkpoint: sibling(&a.out, "ckpt"),
+            progress: true,
+        };
+        train::eagle3::train_eagle3(&engine.model, &train_data, &heldout, &fuse_layers, &a.out, &eopts, metadata)?
+    } else {
+        let topts = TrainOptions {
+            vocab: a.vocab,
+            ff: a.ff,
+            epochs: a.epochs,
+            batch: a.batch,
+            lr: a.lr,
+            lr_end: a.lr_end,
+            steps: a.steps,
+            reg_weight: a.reg_weight,
+            seed: a.seed,
+            eval_positions: 4000,
+            checkpoint: sibling(&a.out, "ckpt.safetensors"),
+            progress: true,
+            fuse_layers: fuse_layers.clone(),
+        };
+        train::train_draft(&engine.model, &train_data, &heldout, &a.out, &topts, metadata)?
+    };
+    let weights = if eagle3 { a.out.join("model.safetensors") } else { a.out.clone() };
+    let size = std::fs::metadata(weights).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "wrote {} ({:.1} MB) after {} epochs ({} in this run) on {} positions in {:.0} s: held-out top-1 {:.3}, \
          top-3 {:.3}, step-2 top-1 {:.3}",
