@@ -22,8 +22,8 @@
 use crate::data::DraftData;
 use crate::head::rms_norm;
 use crate::head::Lcg;
-use crate::shuffle_for_epoch;
 use crate::{cross_entropy, draft_vocabulary, record_training, report_start, resumed_epoch, run_epochs};
+use crate::{shuffle_for_epoch, EmbTable};
 use crate::{Acceptance, Schedule, TrainError, Trainee};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
@@ -391,40 +391,14 @@ fn plan_batches(data: &DraftData, budget: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// The embedding rows of a batch's tokens (the target's, frozen), looked up once per token id.
-fn embeddings(
-    model: &model::Model,
-    tokens: &[u32],
-    cache: &mut HashMap<u32, Vec<f32>>,
-) -> Result<Vec<f32>, TrainError> {
-    let d = model.config.n_embd;
-    let missing: Vec<u32> = {
-        let mut m: Vec<u32> = tokens.iter().copied().filter(|t| !cache.contains_key(t)).collect();
-        m.sort_unstable();
-        m.dedup();
-        m
-    };
-    if !missing.is_empty() {
-        let mut rows = vec![0f32; missing.len() * d];
-        model.embed(&missing, &mut rows)?;
-        for (i, t) in missing.into_iter().enumerate() {
-            cache.insert(t, rows[i * d..(i + 1) * d].to_vec());
-        }
-    }
-    let mut out = Vec::with_capacity(tokens.len() * d);
-    tokens.iter().for_each(|t| out.extend_from_slice(&cache[t]));
-    Ok(out)
-}
-
 /// Builds the batch of sequences `seqs`: row `i` of a sequence holds the fused rows at `i`; step `s` reads token
 /// `i + 1 + s` and is labelled with token `i + 2 + s` where that exists and is in the draft vocabulary.
 fn make_batch(
-    model: &model::Model,
+    table: &EmbTable,
     data: &DraftData,
     seqs: &[usize],
     t2d: &HashMap<u32, u32>,
     steps: usize,
-    emb_cache: &mut HashMap<u32, Vec<f32>>,
 ) -> Result<(SeqBatch, RowMap), TrainError> {
     let dev = Device::Cpu;
     let b = seqs.len();
@@ -453,21 +427,23 @@ fn make_batch(
             &dev,
         )?,
     };
+    let d = data.d;
     for step in 0..steps {
-        let (mut tokens, mut label, mut mask) = (vec![0u32; b * t], vec![0u32; b * t], vec![0f32; b * t]);
+        let (mut emb, mut label, mut mask) = (vec![0f32; b * t * d], vec![0u32; b * t], vec![0f32; b * t]);
         for (r, &s) in seqs.iter().enumerate() {
             let range = data.sequence(s);
             for i in 0..range.len() - 1 {
                 let at = |k: usize| (range.start + k < range.end).then(|| data.tokens[range.start + k]);
-                tokens[r * t + i] = at(i + 1 + step).unwrap_or(data.tokens[range.end - 1]);
+                // Past the sequence's end (later steps of its last rows) any token will do: the row is unlabelled.
+                let token = at(i + 1 + step).unwrap_or(data.tokens[range.end - 1]);
+                emb[(r * t + i) * d..(r * t + i + 1) * d].copy_from_slice(table.row(token));
                 if let Some(j) = at(i + 2 + step).and_then(|tok| t2d.get(&tok)) {
                     label[r * t + i] = *j;
                     mask[r * t + i] = 1.0;
                 }
             }
         }
-        let d = model.config.n_embd;
-        batch.emb.push(Tensor::from_vec(embeddings(model, &tokens, emb_cache)?, (b * t, d), &dev)?);
+        batch.emb.push(Tensor::from_vec(emb, (b * t, d), &dev)?);
         batch.label.push(Tensor::from_vec(label, b * t, &dev)?);
         batch.mask.push(Tensor::from_vec(mask, b * t, &dev)?);
     }
@@ -478,15 +454,14 @@ fn make_batch(
 /// model generated and that have room for two steps.
 fn evaluate(
     net: &Eagle3Net,
-    model: &model::Model,
+    table: &EmbTable,
     data: &DraftData,
     t2d: &HashMap<u32, u32>,
-    emb_cache: &mut HashMap<u32, Vec<f32>>,
 ) -> Result<(Acceptance, f64), TrainError> {
     let (mut total, mut top1, mut top3, mut both) = (0usize, 0usize, 0usize, 0usize);
     let (mut loss_sum, mut batches) = (0f64, 0usize);
     for seqs in plan_batches(data, 4096) {
-        let (batch, map) = make_batch(model, data, &seqs, t2d, 2, emb_cache)?;
+        let (batch, map) = make_batch(table, data, &seqs, t2d, 2)?;
         let logits = net.unroll(&batch, 2)?;
         let loss = ((cross_entropy(&logits[0], &batch.label[0], &batch.mask[0])?
             + cross_entropy(&logits[1], &batch.label[1], &batch.mask[1])?)?
@@ -538,7 +513,6 @@ fn output_norm(model: &model::Model) -> Vec<f32> {
 /// The EAGLE-3 head's side of [`run_epochs`]: batches of whole sequences, shuffled as batches.
 struct Eagle3Trainee<'a, S> {
     net: &'a Eagle3Net,
-    model: &'a model::Model,
     opt: AdamW,
     batches: Vec<Vec<usize>>,
     steps: usize,
@@ -546,7 +520,7 @@ struct Eagle3Trainee<'a, S> {
     train: &'a DraftData,
     heldout: &'a DraftData,
     t2d: &'a HashMap<u32, u32>,
-    emb_cache: HashMap<u32, Vec<f32>>,
+    table: &'a EmbTable,
     save: S,
 }
 
@@ -559,8 +533,7 @@ impl<S: FnMut(usize) -> Result<(), TrainError>> Trainee for Eagle3Trainee<'_, S>
     }
     fn train_batch(&mut self, i: usize, lr: f64) -> Result<f64, TrainError> {
         self.opt.set_learning_rate(lr);
-        let (batch, _) =
-            make_batch(self.model, self.train, &self.batches[i], self.t2d, self.steps, &mut self.emb_cache)?;
+        let (batch, _) = make_batch(self.table, self.train, &self.batches[i], self.t2d, self.steps)?;
         let logits = self.net.unroll(&batch, self.steps)?;
         let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
         for (s, l) in logits.iter().enumerate() {
@@ -571,7 +544,7 @@ impl<S: FnMut(usize) -> Result<(), TrainError>> Trainee for Eagle3Trainee<'_, S>
         Ok(loss.to_scalar::<f32>()? as f64)
     }
     fn evaluate(&mut self) -> Result<(Acceptance, f64), TrainError> {
-        evaluate(self.net, self.model, self.heldout, self.t2d, &mut self.emb_cache)
+        evaluate(self.net, self.table, self.heldout, self.t2d)
     }
     fn checkpoint(&mut self, epoch: usize) -> Result<(), TrainError> {
         (self.save)(epoch)
@@ -642,14 +615,14 @@ pub fn train_eagle3(
     if opts.checkpoint.join("model.safetensors").exists() {
         first_epoch = resumed_epoch(&opts.checkpoint, net.load_checkpoint(&opts.checkpoint)?, &vocab)?;
     }
-    let mut emb_cache = HashMap::new();
+    let table = EmbTable::new(model, &[train, heldout])?;
     let batches = plan_batches(train, opts.batch_tokens);
     let positions: usize = batches.iter().flatten().map(|&s| train.sequence(s).len() - 1).sum();
     if batches.is_empty() {
         return Err(TrainError::Invalid("no training sequences (too short?)".into()));
     }
     let opt = AdamW::new(net.vars(), ParamsAdamW { lr: opts.lr, weight_decay: 0.0, ..Default::default() })?;
-    let (before, before_loss) = evaluate(&net, model, heldout, &t2d, &mut emb_cache)?;
+    let (before, before_loss) = evaluate(&net, &table, heldout, &t2d)?;
     let what = format!(
         "EAGLE-3 head, layers {layers:?}, draft vocabulary {} tokens; {positions} training rows in {} batches",
         vocab.len(),
@@ -659,7 +632,6 @@ pub fn train_eagle3(
     let schedule = Schedule { lr: opts.lr, lr_end: opts.lr_end, epochs: opts.epochs, progress: opts.progress };
     let mut trainee = Eagle3Trainee {
         net: &net,
-        model,
         opt,
         batches,
         steps: opts.steps,
@@ -667,14 +639,13 @@ pub fn train_eagle3(
         train,
         heldout,
         t2d: &t2d,
-        emb_cache,
+        table: &table,
         save: |epoch: usize| {
             let meta = HashMap::from([("epoch".to_string(), (epoch + 1).to_string())]);
             net.save(&opts.checkpoint, &vocab, c.vocab_size, DType::F32, true, meta)
         },
     };
     let last = run_epochs(&schedule, first_epoch, before, start, &mut trainee)?;
-    drop(trainee);
     let settings = format!(
         "vocab={} ff={} heads={}/{} batch_tokens={} lr={} lr_end={} steps={} seed={}",
         opts.vocab,
@@ -719,8 +690,8 @@ mod tests {
         d2t: &[u32],
     ) -> Vec<HashMap<u32, f32>> {
         let t2d: HashMap<u32, u32> = d2t.iter().enumerate().map(|(j, &t)| (t, j as u32)).collect();
-        let mut cache = HashMap::new();
-        let (batch, _) = make_batch(model, seq, &[0], &t2d, 2, &mut cache).unwrap();
+        let table = EmbTable::new(model, &[seq]).unwrap();
+        let (batch, _) = make_batch(&table, seq, &[0], &t2d, 2).unwrap();
         let logits = net.unroll(&batch, 2).unwrap();
         (0..2)
             .map(|s| {

@@ -136,14 +136,14 @@ fn sample_positions(data: &DraftData, steps: usize) -> Vec<u32> {
 }
 
 /// Embeddings of every token of the data, compactly (the target's embedding is frozen).
-struct EmbTable {
+pub(crate) struct EmbTable {
     index: HashMap<u32, usize>,
     rows: Vec<f32>,
     d: usize,
 }
 
 impl EmbTable {
-    fn new(model: &model::Model, sets: &[&DraftData]) -> Result<EmbTable, TrainError> {
+    pub(crate) fn new(model: &model::Model, sets: &[&DraftData]) -> Result<EmbTable, TrainError> {
         let d = model.config.n_embd;
         let mut index = HashMap::new();
         let mut ids = Vec::new();
@@ -159,7 +159,8 @@ impl EmbTable {
         model.embed(&ids, &mut rows)?;
         Ok(EmbTable { index, rows, d })
     }
-    fn row(&self, t: u32) -> &[f32] {
+    /// The embedding of `t`, a token of the sets the table was built over.
+    pub(crate) fn row(&self, t: u32) -> &[f32] {
         let i = self.index[&t];
         &self.rows[i * self.d..(i + 1) * self.d]
     }
