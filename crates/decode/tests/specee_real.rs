@@ -140,8 +140,9 @@ fn merged_mapping_is_lossless_without_exits_and_exits_inside_trees() {
     let want = dense_greedy(&model, prompt, 48, THREADS);
     for policy in [KvPolicy::Deferred, KvPolicy::Missing] {
         // A threshold low enough that forwards stop before the last layer (this checks the cache around exits
-        // inside trees, not quality): with the session-6 predictors 0.8 only skipped the last layer's head here.
-        let config = SpecEeConfig { policy, threshold: Some(0.6), ..Default::default() };
+        // inside trees, not quality): with the session-6 predictors 0.8 only skipped the last layer's head here, and
+        // since the f32 attention (session 15) 0.6 exited only at the last layer.
+        let config = SpecEeConfig { policy, threshold: Some(0.4), ..Default::default() };
         let mut dec = MergedDecoder::new(&model, 256, THREADS, head.clone(), tree, &predictors, config);
         let got = run_merged(&mut dec, prompt, 48);
         let st = *dec.stats();

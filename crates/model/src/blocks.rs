@@ -168,22 +168,6 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// `x` rounded to the nearest f16 value (11 significant bits), kept as f32. Exact for the normal f16 range;
-/// f16 subnormals and overflow are not modelled. Branch-free (Veltkamp split) so loops over it vectorise.
-#[inline(always)]
-pub fn round_f16(x: f32) -> f32 {
-    let c = x * 8193.0; // 2^13 + 1: keeps 24 - 13 = 11 significant bits
-    c - (c - x)
-}
-
-/// `y = f16(y * a)` element-wise, `y` holding f16 values (ggml's `ggml_vec_scale_f16`).
-#[inline(always)]
-pub fn scale_f16(a: f32, y: &mut [f32]) {
-    for v in y.iter_mut() {
-        *v = round_f16(*v * a);
-    }
-}
-
 /// The f32 value of f16 bits (exact).
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -204,17 +188,6 @@ pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
         sum += a[i] * f16_to_f32(b[i]);
     }
     sum
-}
-
-/// `y = f16(y + a * x)` element-wise with one f32 rounding of the fused multiply-add, `y` holding f16 values
-/// and `x` f16 bits (ggml's `ggml_vec_mad_f16`: an f16 accumulator, `vfmadd` in f32 on x86). `f32::mul_add` is
-/// correctly rounded everywhere (libm's `fmaf` where there is no FMA instruction), so this and the attention's
-/// AVX2 version agree bit for bit.
-#[inline(always)]
-pub fn axpy_f16(a: f32, x: &[u16], y: &mut [f32]) {
-    for (yv, &xv) in y.iter_mut().zip(x) {
-        *yv = round_f16(a.mul_add(f16_to_f32(xv), *yv));
-    }
 }
 
 #[cfg(test)]
@@ -279,21 +252,6 @@ mod tests {
         softmax_in_place(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert_eq!(x[2], 0.0);
-    }
-
-    #[test]
-    fn round_f16_matches_half_in_the_normal_range() {
-        let mut x = 0.123_456_79f32;
-        for i in 0..10_000 {
-            x = (x * 1.618_034 + 0.1).fract() * 1000.0 - 500.0;
-            let v = x * 10f32.powi(i % 7 - 3);
-            let want = half::f16::from_f32(v).to_f32();
-            let got = round_f16(v);
-            // Ties may round away from even; anything else must agree exactly.
-            assert!(got == want || (got - want).abs() <= want.abs() * 1e-3, "{v}: {got} vs {want}");
-        }
-        assert_eq!(round_f16(1.0 + 1.0 / 4096.0), 1.0);
-        assert_eq!(round_f16(0.099_975_586), half::f16::from_f32(0.099_975_586).to_f32());
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! ```
 
 mod arch;
+mod attention;
 pub mod blocks;
 pub mod config;
 pub mod error;

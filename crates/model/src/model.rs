@@ -11,10 +11,8 @@
 //! [`Model::forward`] chains them for the common case (all layers, causal, logits for chosen rows).
 
 use crate::arch;
-use crate::blocks::{
-    axpy_f16, dot_f16, f16_to_f32, glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq,
-    round_f16, scale_f16,
-};
+use crate::attention::{Attention, SCRATCH_PER_SLOT};
+use crate::blocks::{glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq};
 use crate::config::Config;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
@@ -99,11 +97,11 @@ pub const SCREEN_AFTER_CALLS: usize = 256;
 
 /// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+pub(crate) struct SharedMut(pub(crate) *mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 impl SharedMut {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
@@ -251,8 +249,9 @@ impl Model {
 
         // Attention: one task per (row, head), spread over the pool.
         let n_threads = ws.pool.n_threads();
-        // Per item: scores and the two online-softmax factors of every position (see `Attention::run`).
-        grow(&mut ws.scores, n_threads * ATT_ITEMS_PER_THREAD * 3 * total);
+        // Per item: every position's score and slot (see `Attention::run`).
+        let per_item_scratch = SCRATCH_PER_SLOT * total;
+        grow(&mut ws.scores, n_threads * ATT_ITEMS_PER_THREAD * per_item_scratch);
         let lc = kv.layer_mut(il);
         let (kc, vc, pc) = (&lc.k[..], &lc.v[..], &lc.pos[..]);
         let window = if swa { c.sliding_window } else { None };
@@ -290,7 +289,8 @@ impl Model {
         let n_items = n_tasks.div_ceil(per_item);
         ws.pool.run_items(n_items, &|i| {
             // SAFETY: each item owns its scores slice and writes only the att rows of its own tasks.
-            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(i * 3 * total), 3 * total) };
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(scores.get().add(i * per_item_scratch), per_item_scratch) };
             job.run(i * per_item..((i + 1) * per_item).min(n_tasks), sc);
         });
 
@@ -329,13 +329,10 @@ impl Model {
     /// Biases, QK norms and RoPE of the `n` freshly projected rows in `ws.q` (if `with_q`), `ws.k` and `ws.v`,
     /// then the rounding to f16 of everything the attention reads.
     ///
-    /// Attention follows llama.cpp's CPU flash attention (on by default), whose rounding dominates the
-    /// difference between our logits and its own. K and V are cached in f16. Every row takes its per-row
-    /// path (queries rounded to f16, online softmax, V·softmax accumulated in f16) whatever the batch size:
-    /// llama.cpp switches batches of `FA_TILE_Q` or more rows to a tiled f32 path, but then a token's result
-    /// would depend on the batch it is computed in, and a speculative step (the last prompt token verified
-    /// in a small tree) would no longer reproduce dense decoding (which ran it inside the prompt's batch)
-    /// bit for bit. Prompt processing differs from llama.cpp's by that rounding only (perplexity −0.1%).
+    /// K and V are cached in f16 and queries rounded to f16, as llama.cpp's CPU flash attention (on by default)
+    /// reads them; the attention itself ([`crate::attention`]) accumulates in f32, and every row's result depends
+    /// only on the positions it sees, whatever the batch, so a speculative step reproduces dense decoding bit for
+    /// bit.
     fn finish_qkv(&self, il: usize, positions: &[u32], n: usize, with_q: bool, ws: &mut Workspace) {
         let c = &self.config;
         let lw = &self.weights.layers[il];
@@ -698,343 +695,5 @@ fn screen_setting() -> Option<bool> {
         Ok("1") => Some(true),
         Ok("0") => Some(false),
         _ => None,
-    }
-}
-
-/// The attention of a batch over one layer's KV cache: one task per (row, head).
-struct Attention<'a> {
-    q: &'a [f32],
-    kc: &'a [u16],
-    vc: &'a [u16],
-    pc: &'a [u32],
-    positions: &'a [u32],
-    mask: Mask<'a>,
-    window: Option<usize>,
-    base: usize,
-    total: usize,
-    n: usize,
-    qd: usize,
-    kvd: usize,
-    vd: usize,
-    hd: usize,
-    hdv: usize,
-    att_d: usize,
-    n_head: usize,
-    group: usize,
-    scale: f32,
-    att: SharedMut,
-}
-
-impl Attention<'_> {
-    /// Runs `tasks` (task = row * n_head + head), using `sc` (`3 * total` floats) as scratch.
-    /// With AVX2+FMA+F16C: explicit vector kernels for the f16 cache rows, each bit-identical to the portable
-    /// one (the element order of every sum is fixed, and floating-point contraction is never applied).
-    fn run(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                // SAFETY: the CPU has the features enabled for `run_avx2`.
-                return unsafe { self.run_avx2(tasks, sc) };
-            }
-        }
-        self.run_generic(tasks, sc, dot_f16, |q, ks| ks.map(|k| dot_f16(q, k)), axpy_f16)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_avx2(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
-        // SAFETY: this function is only entered when avx2, fma and f16c are available.
-        self.run_generic(
-            tasks,
-            sc,
-            |a, b| unsafe { dot_avx2(a, b) },
-            |q, ks| unsafe { dot8_avx2(q, ks) },
-            |a, x, y| unsafe { axpy_f16_avx2(a, x, y) },
-        )
-    }
-
-    /// The attention tasks, with `dot` a dot product with an f16 key, `dot8` eight of them against one query
-    /// (each bit-identical to `dot`) and `axpy` [`axpy_f16`].
-    #[inline(always)]
-    fn run_generic(
-        &self,
-        tasks: std::ops::Range<usize>,
-        sc: &mut [f32],
-        dot: impl Fn(&[f32], &[u16]) -> f32,
-        dot8: impl Fn(&[f32], [&[u16]; 8]) -> [f32; 8],
-        axpy: impl Fn(f32, &[u16], &mut [f32]),
-    ) {
-        let Attention {
-            q,
-            kc,
-            vc,
-            pc,
-            positions,
-            mask,
-            window,
-            base,
-            total,
-            n,
-            qd,
-            kvd,
-            vd,
-            hd,
-            hdv,
-            att_d,
-            n_head,
-            group,
-            scale,
-            att,
-        } = *self;
-        let c_n_head = n_head;
-        for task in tasks {
-            let (j, h) = (task / c_n_head, task % c_n_head);
-            let kvh = h / group;
-            let qv = &q[j * qd + h * hd..j * qd + (h + 1) * hd];
-            let pj = positions[j];
-            let out = unsafe { std::slice::from_raw_parts_mut(att.get().add(j * att_d + h * hdv), hdv) };
-            out.fill(0.0);
-            // Whether row j sees cache position s (its own batch causally or by the tree mask, and inside
-            // the sliding window), and the key at s.
-            let visible = |s: usize| {
-                (if s < base {
-                    true
-                } else {
-                    let m = s - base;
-                    match mask {
-                        Mask::Causal => m <= j,
-                        Mask::Allowed(a) => a[j * n + m],
-                    }
-                }) && window.is_none_or(|w| (pj as i64 - pc[s] as i64) < w as i64)
-            };
-            let krow = |s: usize| &kc[s * kvd + kvh * hd..s * kvd + (kvh + 1) * hd];
-            // Online softmax with an f16 accumulator (ggml's flash_attn_ext one_chunk kernel), in three
-            // passes with exactly its sequence of operations: (1) every visible position's score, (2) in
-            // order, the running maximum and the factors it implies (`ms` rescales the accumulator when the
-            // maximum grows, `vs` weighs the position's V), (3) the f16 accumulation. The exps run in their
-            // own loop, so the vector loop (3) makes no calls.
-            let (scores, rest) = sc.split_at_mut(total);
-            let (rescale, weight) = rest.split_at_mut(total);
-            // Eight positions at a time (their dot products' reductions interleave), the rest one by one.
-            let mut s0 = 0;
-            while s0 < total {
-                let len = (total - s0).min(8);
-                let mut vis = [false; 8];
-                let mut any = false;
-                for i in 0..len {
-                    vis[i] = visible(s0 + i);
-                    any |= vis[i];
-                }
-                if len == 8 && any {
-                    let d = dot8(qv, std::array::from_fn(|i| krow(s0 + i)));
-                    for i in 0..8 {
-                        scores[s0 + i] = if vis[i] { d[i] * scale } else { f32::NEG_INFINITY };
-                    }
-                } else {
-                    for i in 0..len {
-                        scores[s0 + i] = if vis[i] { dot(qv, krow(s0 + i)) * scale } else { f32::NEG_INFINITY };
-                    }
-                }
-                s0 += len;
-            }
-            let (mut m_max, mut sum) = (f32::NEG_INFINITY, 0f32);
-            for s in 0..total {
-                let sv = scores[s];
-                if sv == f32::NEG_INFINITY {
-                    continue;
-                }
-                // rescale < 0: no rescaling at this position.
-                let (mut ms, mut vs, mut r) = (1f32, 1f32, -1f32);
-                if sv > m_max {
-                    if m_max != f32::NEG_INFINITY {
-                        ms = (m_max - sv).exp();
-                        r = ms;
-                    } else {
-                        ms = 0.0;
-                    }
-                    m_max = sv;
-                } else {
-                    vs = (sv - m_max).exp();
-                }
-                rescale[s] = r;
-                weight[s] = vs;
-                sum = sum * ms + vs;
-            }
-            for s in 0..total {
-                if scores[s] == f32::NEG_INFINITY {
-                    continue;
-                }
-                if rescale[s] >= 0.0 {
-                    scale_f16(rescale[s], out);
-                }
-                axpy(weight[s], &vc[s * vd + kvh * hdv..s * vd + (kvh + 1) * hdv], out);
-            }
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            out.iter_mut().for_each(|v| *v *= inv);
-        }
-    }
-}
-
-/// [`dot_avx2`] of one query `q` with eight keys, bit-identical to eight calls: the same lane accumulators
-/// (multiply, then add), then the eight reductions at once (an 8 × 8 transpose, and the lanes added in the same
-/// order `((l0 + l1) + l2) + …`), then the same scalar tail. Eight independent accumulation chains instead of
-/// one keep the adder busy.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot8_avx2(q: &[f32], ks: [&[u16]; 8]) -> [f32; 8] {
-    use std::arch::x86_64::*;
-    let len = ks.iter().fold(q.len(), |m, k| m.min(k.len()));
-    let chunks = q.len() / 8;
-    assert!(chunks * 8 <= len);
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for c in 0..chunks {
-        // SAFETY: c * 8 + 8 <= len for q and every key (asserted above).
-        let x = unsafe { _mm256_loadu_ps(q.as_ptr().add(c * 8)) };
-        for (acc, k) in acc.iter_mut().zip(&ks) {
-            let y = unsafe { load_f16x8(k.as_ptr().add(c * 8)) };
-            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, y));
-        }
-    }
-    // Transpose: t[l] holds lane l of the eight accumulators.
-    let (u0, u1) = (_mm256_unpacklo_ps(acc[0], acc[1]), _mm256_unpackhi_ps(acc[0], acc[1]));
-    let (u2, u3) = (_mm256_unpacklo_ps(acc[2], acc[3]), _mm256_unpackhi_ps(acc[2], acc[3]));
-    let (u4, u5) = (_mm256_unpacklo_ps(acc[4], acc[5]), _mm256_unpackhi_ps(acc[4], acc[5]));
-    let (u6, u7) = (_mm256_unpacklo_ps(acc[6], acc[7]), _mm256_unpackhi_ps(acc[6], acc[7]));
-    let (v0, v1) = (_mm256_shuffle_ps::<0x44>(u0, u2), _mm256_shuffle_ps::<0xEE>(u0, u2));
-    let (v2, v3) = (_mm256_shuffle_ps::<0x44>(u1, u3), _mm256_shuffle_ps::<0xEE>(u1, u3));
-    let (v4, v5) = (_mm256_shuffle_ps::<0x44>(u4, u6), _mm256_shuffle_ps::<0xEE>(u4, u6));
-    let (v6, v7) = (_mm256_shuffle_ps::<0x44>(u5, u7), _mm256_shuffle_ps::<0xEE>(u5, u7));
-    let t = [
-        _mm256_permute2f128_ps::<0x20>(v0, v4),
-        _mm256_permute2f128_ps::<0x20>(v1, v5),
-        _mm256_permute2f128_ps::<0x20>(v2, v6),
-        _mm256_permute2f128_ps::<0x20>(v3, v7),
-        _mm256_permute2f128_ps::<0x31>(v0, v4),
-        _mm256_permute2f128_ps::<0x31>(v1, v5),
-        _mm256_permute2f128_ps::<0x31>(v2, v6),
-        _mm256_permute2f128_ps::<0x31>(v3, v7),
-    ];
-    let sum = t[1..].iter().fold(t[0], |s, &l| _mm256_add_ps(s, l));
-    let mut out = [0f32; 8];
-    // SAFETY: `out` holds 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
-    for (o, k) in out.iter_mut().zip(&ks) {
-        for i in chunks * 8..q.len() {
-            *o += q[i] * f16_to_f32(k[i]);
-        }
-    }
-    out
-}
-
-/// Eight f16 values (bits at `p`) as f32 (exact).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn load_f16x8(p: *const u16) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    // SAFETY: the caller guarantees 8 readable values at `p`.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
-}
-
-/// [`axpy_f16`] with explicit vectors: the same fused multiply-add and the same f16 rounding (Veltkamp split:
-/// one multiply, two subtractions) per element, so the result is bit-identical.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn axpy_f16_avx2(a: f32, x: &[u16], y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let len = x.len().min(y.len());
-    let (va, split) = (_mm256_set1_ps(a), _mm256_set1_ps(8193.0));
-    for c in 0..len / 8 {
-        // SAFETY: c * 8 + 8 <= len for both slices.
-        unsafe {
-            let xv = load_f16x8(x.as_ptr().add(c * 8));
-            let yp = y.as_mut_ptr().add(c * 8);
-            let f = _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(yp));
-            let t = _mm256_mul_ps(f, split);
-            _mm256_storeu_ps(yp, _mm256_sub_ps(t, _mm256_sub_ps(t, f)));
-        }
-    }
-    for i in len / 8 * 8..len {
-        y[i] = round_f16(a.mul_add(f16_to_f32(x[i]), y[i]));
-    }
-}
-
-/// [`dot_f16`] with explicit AVX2 vectors: the same eight lane accumulators (multiply, then add; no FMA) and
-/// the same final summation order, so the result is bit-identical.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_avx2(a: &[f32], b: &[u16]) -> f32 {
-    use std::arch::x86_64::*;
-    let len = a.len().min(b.len());
-    let chunks = a.len() / 8;
-    assert!(chunks * 8 <= len);
-    let mut acc = _mm256_setzero_ps();
-    for c in 0..chunks {
-        // SAFETY: c * 8 + 8 <= len for both slices (asserted above).
-        let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr().add(c * 8)), load_f16x8(b.as_ptr().add(c * 8))) };
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
-    }
-    let mut lanes = [0f32; 8];
-    // SAFETY: `lanes` holds 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-    let mut sum: f32 = lanes.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * f16_to_f32(b[i]);
-    }
-    sum
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The attention's vector kernels over f16 cache rows equal the portable ones bit for bit: eight dot
-    /// products at once, one at a time (the same sums in the same order), and the f16 accumulation, with and
-    /// without a scalar tail.
-    #[test]
-    fn attention_vector_kernels_are_bit_identical() {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            let mut state = 0x2545_f491_4f6c_dd1du64;
-            let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 22) as f32 - 2.0
-            };
-            let f16 = |v: f32| half::f16::from_f32(v).to_bits();
-            for len in [64, 72, 29, 8] {
-                let q: Vec<f32> = (0..len).map(|_| next()).collect();
-                let keys: Vec<Vec<u16>> = (0..8).map(|_| (0..len).map(|_| f16(next() * 1e3)).collect()).collect();
-                // SAFETY: the CPU has avx2, fma and f16c (checked above).
-                let got = unsafe { dot8_avx2(&q, std::array::from_fn(|i| &keys[i][..])) };
-                for (g, k) in got.iter().zip(&keys) {
-                    let one = unsafe { dot_avx2(&q, k) };
-                    assert_eq!(g.to_bits(), one.to_bits(), "len {len}: {g} vs {one}");
-                    assert_eq!(g.to_bits(), dot_f16(&q, k).to_bits(), "len {len}");
-                }
-                // Many accumulations: a fused and an unfused multiply-add differ in the f16 result only rarely.
-                for trial in 0..400 {
-                    let x: Vec<u16> = (0..len).map(|_| f16(next())).collect();
-                    let y0: Vec<f32> = (0..len).map(|_| round_f16(next())).collect();
-                    let a = next();
-                    let (mut want, mut got) = (y0.clone(), y0);
-                    axpy_f16(a, &x, &mut want);
-                    // SAFETY: as above.
-                    unsafe { axpy_f16_avx2(a, &x, &mut got) };
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&want), "len {len} trial {trial}");
-                }
-            }
-        }
     }
 }

@@ -8,7 +8,10 @@
 //! llama.cpp build (0c1e570, flash attention, 2 threads) run on another x86 machine differs from these references by
 //! mean |Δlogit| 0.15 (SmolLM2) / 0.23 (Gemma), max 0.9–1.4, and flips greedy steps whose reference top-2 margin is
 //! up to 0.2; an exact f64 forward differs by as much. On the 3-layer synthetic models it reproduces most steps
-//! bit for bit (mean 0.01–0.02). Hence two tolerance sets: tight for the synthetic models, and for the 30/18-layer
+//! bit for bit (mean 0.01–0.02). Our attention accumulates in f32 where llama.cpp's one-row path rounds its
+//! accumulator to f16 at every position (ours did too until session 15: mean 0.02–0.036, max 0.19); measured since:
+//! mean 0.027–0.047, max 0.21, and one synthetic greedy step flipped at a reference margin of 0.093 (the real
+//! models: mean 0.17–0.24, as before). Hence two tolerance sets: tight for the synthetic models, and for the 30/18-layer
 //! real ones a bound on the mean error, a per-logit bound after removing the step's common shift (a uniform shift of
 //! all logits changes no probability), and a wider near-tie margin.
 //!
@@ -58,8 +61,9 @@ struct Tol {
     mean: f32,
 }
 
-/// Tight tolerances for the 3-layer synthetic models (measured: max 0.19, mean ≤ 0.036).
-const SYNTHETIC: Tol = Tol { near_tie: 0.05, abs: 0.3, shifted: 0.3, mean: 0.06 };
+/// Tight tolerances for the 3-layer synthetic models (measured: max 0.21, mean ≤ 0.047; greedy flips up to a
+/// reference margin of 0.093).
+const SYNTHETIC: Tol = Tol { near_tie: 0.12, abs: 0.3, shifted: 0.3, mean: 0.06 };
 /// Real models (measured for us: mean 0.15–0.25, shifted max 1.25; for llama.cpp on another machine: mean
 /// 0.15–0.23, shifted max 1.0, greedy flips at margins up to 0.2).
 const REAL: Tol = Tol { near_tie: 0.25, abs: 4.0, shifted: 1.6, mean: 0.35 };
