@@ -75,6 +75,20 @@ pub struct TrainOptions {
     /// Layers whose inputs the head fuses with the final-normed feature (EAGLE-3 style; empty: EAGLE-1 style).
     /// The data must carry them as aux rows ([`data::trace_layer_inputs`]).
     pub fuse_layers: Vec<usize>,
+    /// What the token loss compares the draft with (MLP heads).
+    pub labels: Labels,
+}
+
+/// The token loss's target for an MLP head.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Labels {
+    /// The next token of the data: the model's own greedy answer on the generated part, the text elsewhere.
+    #[default]
+    Data,
+    /// The target's own next-token distribution, from its head rows of the draft vocabulary applied to the next
+    /// position's feature (EAGLE's classification loss): what the draft must imitate, also where the data is text
+    /// the model would not have written.
+    Teacher,
 }
 
 /// Held-out acceptance of a head, teacher-forced at the first step, on the positions whose predicted token the
@@ -244,14 +258,31 @@ fn smooth_l1(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     ad.lt(1.0)?.where_cond(&quad, &lin)?.mean_all()
 }
 
-/// Runs the head over `steps` unrolled steps; returns the loss and, per step, the logits.
-fn unroll(net: &HeadNet, batch: &Batch, steps: usize, reg_weight: f64) -> candle_core::Result<(Tensor, Vec<Tensor>)> {
+/// Mean cross-entropy of `logits` `[B, N]` against the distributions `softmax(teacher_logits)`.
+fn soft_cross_entropy(logits: &Tensor, teacher_logits: &Tensor) -> candle_core::Result<Tensor> {
+    let p = candle_nn::ops::softmax_last_dim(teacher_logits)?;
+    let lp = candle_nn::ops::log_softmax(logits, 1)?;
+    (p * lp)?.sum(1)?.mean_all()?.neg()
+}
+
+/// Runs the head over `steps` unrolled steps; returns the loss and, per step, the logits. With `teacher` (the
+/// target's head rows of the draft vocabulary, `[N, d]`) the token loss is [`Labels::Teacher`]'s.
+fn unroll(
+    net: &HeadNet,
+    batch: &Batch,
+    steps: usize,
+    reg_weight: f64,
+    teacher: Option<&Tensor>,
+) -> candle_core::Result<(Tensor, Vec<Tensor>)> {
     let mut feat = net.fuse(&batch.feat0, batch.aux0.as_ref())?;
     let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu)?;
     let mut all_logits = Vec::new();
     for k in 0..steps {
         let out = net.step(&batch.emb[k], &feat)?;
-        let ce = cross_entropy(&out.logits, &batch.label[k], &batch.mask[k])?;
+        let ce = match teacher {
+            Some(rows) => soft_cross_entropy(&out.logits, &batch.target[k].matmul(&rows.t()?)?)?,
+            None => cross_entropy(&out.logits, &batch.label[k], &batch.mask[k])?,
+        };
         let reg = smooth_l1(&out.features, &batch.target[k])?;
         loss = (loss + ce + (reg * reg_weight)?)?;
         feat = out.features;
@@ -281,7 +312,7 @@ fn evaluate(
     let (mut top1, mut top3, mut both, mut loss_sum, mut batches) = (0usize, 0usize, 0usize, 0f64, 0usize);
     for chunk in positions.chunks(512) {
         let batch = make_batch(data, table, t2d, chunk, 2)?;
-        let (loss, logits) = unroll(net, &batch, 2, 0.0)?;
+        let (loss, logits) = unroll(net, &batch, 2, 0.0, None)?;
         loss_sum += loss.to_scalar::<f32>()? as f64;
         batches += 1;
         let l0 = logits[0].to_vec2::<f32>()?;
@@ -441,6 +472,7 @@ struct MlpTrainee<'a, S> {
     batch: usize,
     steps: usize,
     reg_weight: f64,
+    teacher: Option<Tensor>,
     seed: u64,
     train: &'a DraftData,
     heldout: &'a DraftData,
@@ -461,7 +493,7 @@ impl<S: FnMut(usize) -> Result<(), TrainError>> Trainee for MlpTrainee<'_, S> {
         self.opt.set_learning_rate(lr);
         let chunk = &self.positions[i * self.batch..((i + 1) * self.batch).min(self.positions.len())];
         let batch = make_batch(self.train, self.table, self.t2d, chunk, self.steps)?;
-        let (loss, _) = unroll(self.net, &batch, self.steps, self.reg_weight)?;
+        let (loss, _) = unroll(self.net, &batch, self.steps, self.reg_weight, self.teacher.as_ref())?;
         self.opt.backward_step(&loss)?;
         Ok(loss.to_scalar::<f32>()? as f64)
     }
@@ -543,6 +575,10 @@ pub fn train_draft(
         batch: opts.batch,
         steps: opts.steps,
         reg_weight: opts.reg_weight,
+        teacher: match opts.labels {
+            Labels::Teacher => Some(Tensor::from_vec(head_rows.clone(), (vocab.len(), d), &Device::Cpu)?),
+            Labels::Data => None,
+        },
         seed: opts.seed,
         train,
         heldout,
@@ -565,8 +601,8 @@ pub fn train_draft(
     };
     metadata.extend(fuse_meta);
     let settings = format!(
-        "vocab={} ff={} batch={} lr={} lr_end={} steps={} reg_weight={} seed={}",
-        opts.vocab, opts.ff, opts.batch, opts.lr, opts.lr_end, opts.steps, opts.reg_weight, opts.seed
+        "vocab={} ff={} batch={} lr={} lr_end={} steps={} reg_weight={} seed={} labels={:?}",
+        opts.vocab, opts.ff, opts.batch, opts.lr, opts.lr_end, opts.steps, opts.reg_weight, opts.seed, opts.labels
     );
     record_training(&mut metadata, opts.epochs, positions.len(), &last, settings);
     net.save(out, &vocab, DType::F16, metadata)?;
@@ -634,6 +670,65 @@ pub(crate) mod tests {
         data
     }
 
+    /// Sequences of `len` tokens over a 64-token vocabulary whose features say what the target would write next:
+    /// the feature at position `j` is the target's head row of `rule(token j)` (scaled so its softmax is peaked),
+    /// while the tokens themselves follow the rule (`follow`) or are random text the target would not write.
+    fn rule_data(model: &model::Model, n_seq: usize, len: usize, seed: u64, follow: bool) -> DraftData {
+        let (d, v) = (model.config.n_embd, model.config.vocab_size as u32);
+        let rule = |t: u32| (5 * t + 3) % v;
+        let mut rng = Lcg(seed);
+        let mut data = DraftData { d, ..Default::default() };
+        let mut row = vec![0f32; d];
+        for _ in 0..n_seq {
+            let mut tokens = vec![(rng.next_u64() % v as u64) as u32];
+            while tokens.len() < len {
+                let last = *tokens.last().unwrap();
+                tokens.push(if follow { rule(last) } else { (rng.next_u64() % v as u64) as u32 });
+            }
+            let mut features = Vec::new();
+            for &t in &tokens[..len - 1] {
+                model.head_row(rule(t), &mut row).unwrap();
+                let norm2: f32 = row.iter().map(|x| x * x).sum();
+                features.extend(row.iter().map(|x| x * 12.0 / norm2));
+            }
+            data.push(&tokens, &features, 0);
+        }
+        data
+    }
+
+    /// With teacher labels the head learns what the target's features say it would write, even from text that
+    /// says otherwise; with data labels it learns the text (here: noise), and fails on the target's own output.
+    #[test]
+    fn teacher_labels_train_the_draft_to_imitate_the_target_not_the_text() {
+        let model = model::testing::tiny_model("llama", None, 3, 64);
+        let (train, heldout) = (rule_data(&model, 60, 24, 1, false), rule_data(&model, 8, 24, 2, true));
+        let dir = std::env::temp_dir().join(format!("specee-train-teacher-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut top1 = Vec::new();
+        for labels in [Labels::Teacher, Labels::Data] {
+            let opts = TrainOptions {
+                vocab: 64,
+                ff: 64,
+                epochs: 4,
+                batch: 32,
+                lr: 1e-2,
+                lr_end: 0.1,
+                steps: 2,
+                reg_weight: 0.1,
+                seed: 1,
+                eval_positions: 1000,
+                checkpoint: dir.join(format!("{labels:?}.ckpt.safetensors")),
+                progress: false,
+                fuse_layers: Vec::new(),
+                labels,
+            };
+            let out = dir.join(format!("{labels:?}.safetensors"));
+            top1.push(train_draft(&model, &train, &heldout, &out, &opts, HashMap::new()).unwrap().heldout.top1);
+        }
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(top1[0] > 0.9 && top1[1] < 0.3, "held-out top-1 with teacher / data labels: {top1:?}");
+    }
+
     #[test]
     fn training_learns_resumes_and_writes_the_head_inference_runs() {
         train_resume_and_compare(&[]);
@@ -667,6 +762,7 @@ pub(crate) mod tests {
             checkpoint: dir.join("head.ckpt.safetensors"),
             progress: false,
             fuse_layers: fuse.to_vec(),
+            labels: Labels::Data,
         };
         // Data without the aux rows the head fuses is refused.
         let bare = DraftData { aux_width: 0, aux: Vec::new(), ..heldout.clone() };

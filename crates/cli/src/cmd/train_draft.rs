@@ -69,6 +69,12 @@ pub struct Args {
     /// (whole sequences are packed up to it).
     #[arg(long, default_value = "mlp", value_parser = ["mlp", "eagle3"])]
     pub design: String,
+    /// What an `mlp` head's token loss compares its drafts with: `data` (the next token of the record: the model's
+    /// own greedy answer on chat records, the text itself elsewhere) or `teacher` (the target's next-token
+    /// distribution over the draft vocabulary, from its head applied to the next position's feature: EAGLE's
+    /// classification loss).
+    #[arg(long, default_value = "data", value_parser = ["data", "teacher"])]
+    pub labels: String,
     /// Attention heads of an `eagle3` head (default: the model's).
     #[arg(long)]
     pub heads: Option<usize>,
@@ -224,6 +230,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             checkpoint: sibling(&a.out, "ckpt.safetensors"),
             progress: true,
             fuse_layers: fuse_layers.clone(),
+            labels: if a.labels == "teacher" { train::Labels::Teacher } else { train::Labels::Data },
         };
         train::train_draft(&engine.model, &train_data, &heldout, &a.out, &topts, metadata)?
     };
