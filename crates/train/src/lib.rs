@@ -670,6 +670,26 @@ pub(crate) mod tests {
         data
     }
 
+    /// Settings for the tiny test model's heads: 3 epochs of batches of 32 at lr 1e-2.
+    fn tiny_options(checkpoint: PathBuf, fuse: &[usize], labels: Labels) -> TrainOptions {
+        TrainOptions {
+            vocab: 64,
+            ff: 64,
+            epochs: 3,
+            batch: 32,
+            lr: 1e-2,
+            lr_end: 0.1,
+            steps: 2,
+            reg_weight: 0.1,
+            seed: 1,
+            eval_positions: 1000,
+            checkpoint,
+            progress: false,
+            fuse_layers: fuse.to_vec(),
+            labels,
+        }
+    }
+
     /// Sequences of `len` tokens over a 64-token vocabulary whose features say what the target would write next:
     /// the feature at position `j` is the target's head row of `rule(token j)` (scaled so its softmax is peaked),
     /// while the tokens themselves follow the rule (`follow`) or are random text the target would not write.
@@ -707,20 +727,8 @@ pub(crate) mod tests {
         let mut top1 = Vec::new();
         for labels in [Labels::Teacher, Labels::Data] {
             let opts = TrainOptions {
-                vocab: 64,
-                ff: 64,
                 epochs: 4,
-                batch: 32,
-                lr: 1e-2,
-                lr_end: 0.1,
-                steps: 2,
-                reg_weight: 0.1,
-                seed: 1,
-                eval_positions: 1000,
-                checkpoint: dir.join(format!("{labels:?}.ckpt.safetensors")),
-                progress: false,
-                fuse_layers: Vec::new(),
-                labels,
+                ..tiny_options(dir.join(format!("{labels:?}.ckpt.safetensors")), &[], labels)
             };
             let out = dir.join(format!("{labels:?}.safetensors"));
             top1.push(train_draft(&model, &train, &heldout, &out, &opts, HashMap::new()).unwrap().heldout.top1);
@@ -748,22 +756,7 @@ pub(crate) mod tests {
         let dir = std::env::temp_dir().join(format!("specee-train-draft-{}-{}", std::process::id(), fuse.len()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("head.safetensors");
-        let opts = TrainOptions {
-            vocab: 64,
-            ff: 64,
-            epochs: 3,
-            batch: 32,
-            lr: 1e-2,
-            lr_end: 0.1,
-            steps: 2,
-            reg_weight: 0.1,
-            seed: 1,
-            eval_positions: 1000,
-            checkpoint: dir.join("head.ckpt.safetensors"),
-            progress: false,
-            fuse_layers: fuse.to_vec(),
-            labels: Labels::Data,
-        };
+        let opts = tiny_options(dir.join("head.ckpt.safetensors"), fuse, Labels::Data);
         // Data without the aux rows the head fuses is refused.
         let bare = DraftData { aux_width: 0, aux: Vec::new(), ..heldout.clone() };
         let wrong = if fuse.is_empty() { with_noise_aux(bare, 1, 5) } else { bare };
