@@ -58,7 +58,7 @@ pub(crate) struct Attention<'a> {
     pub att: SharedMut,
 }
 
-/// Floats of scratch one work item needs per cached-or-new slot (`scratch_len`).
+/// Floats of scratch one work item needs per slot of the layer (cached and new): the scores and the visible slots.
 pub(crate) const SCRATCH_PER_SLOT: usize = 2;
 
 impl Attention<'_> {
@@ -356,7 +356,11 @@ mod avx2 {
     pub(super) unsafe fn weigh(w: &[f32], rows: &ValueRows, out: &mut [f32], inv: f32) {
         let len = out.len();
         let (nr, mut c0) = (w.len(), 0);
-        let base = |r: usize| rows.row(r, len).as_ptr();
+        // Every row checked once, then read without bounds checks in the loops below.
+        assert!(w.len() <= rows.slots.len());
+        assert!(rows.slots[..w.len()].iter().all(|&s| s as usize * rows.stride + rows.offset + len <= rows.vc.len()));
+        let (vp, slots) = (rows.vc.as_ptr().add(rows.offset), rows.slots.as_ptr());
+        let base = |r: usize| vp.add(*slots.add(r) as usize * rows.stride);
         let inv_v = _mm256_set1_ps(inv);
         macro_rules! block {
             ($nv:literal) => {{
