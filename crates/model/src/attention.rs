@@ -184,7 +184,7 @@ const EXP_POLY: [f32; 6] = [1.987_569_1e-4, 1.398_2e-3, 8.333_452e-3, 4.166_579_
 /// + r`, a degree-7 polynomial in `r`, times `2^n` built in the exponent bits. The AVX2 version performs the
 /// same operations.
 #[inline(always)]
-pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+fn exp_nonpositive(x: f32) -> f32 {
     let x = x.max(EXP_MIN);
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));

@@ -97,7 +97,7 @@ pub const SCREEN_AFTER_CALLS: usize = 256;
 
 /// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
-pub(crate) struct SharedMut(pub(crate) *mut f32);
+pub(crate) struct SharedMut(*mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 impl SharedMut {
