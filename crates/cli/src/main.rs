@@ -48,9 +48,48 @@ fn main() {
         Command::TrainExit(a) => cmd::train_exit::run(a),
     };
     if let Err(e) = result {
-        // One line: the chain of causes joined.
-        let msg = e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ");
-        eprintln!("error: {msg}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
+    }
+}
+
+/// The chain of causes joined into one line, each said once: a cause whose text the message already ends with
+/// (an error that prints its source, like `draft head PATH: {source}`) is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain().map(|c| c.to_string()) {
+        if msg.is_empty() {
+            msg = cause;
+        } else if !msg.ends_with(&cause) {
+            msg = format!("{msg}: {cause}");
+        }
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner: {0}")]
+    struct Inner(&'static str);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer: {source}")]
+    struct Prints {
+        source: Inner,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Silent {
+        source: Inner,
+    }
+
+    #[test]
+    fn causes_are_said_once() {
+        let e = anyhow::Error::new(Prints { source: Inner("x") }).context("loading");
+        assert_eq!(super::one_line(&e), "loading: outer: inner: x");
+        let e = anyhow::Error::new(Silent { source: Inner("x") });
+        assert_eq!(super::one_line(&e), "outer: inner: x");
     }
 }

@@ -59,6 +59,13 @@ fn assert_clean_error(args: &[&str], expect: &str) {
     assert_eq!(lines.len(), 1, "{args:?}: expected one error line, got: {err}");
     assert!(lines[0].starts_with("error: "), "{args:?}: {err}");
     assert!(lines[0].to_lowercase().contains(&expect.to_lowercase()), "{args:?}: expected '{expect}' in: {err}");
+    // No cause said twice in a row (`draft head X: bad: bad`).
+    let parts: Vec<&str> = lines[0].split(": ").collect();
+    for i in 0..parts.len() {
+        for len in 1..=(parts.len() - i) / 2 {
+            assert_ne!(parts[i..i + len], parts[i + len..i + 2 * len], "{args:?}: a repeated cause in: {err}");
+        }
+    }
 }
 
 fn generate(path: &Path) -> Vec<String> {
@@ -187,6 +194,21 @@ fn specee_mode_refuses_sampling_missing_predictors_and_lossless_eval() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("missing, propagate or deferred"), "{}", common::stderr(&o));
+}
+
+#[test]
+fn eagle_mode_names_a_bad_draft_head() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let eagle = |draft: &str, expect: &str| {
+        assert_clean_error(&["generate", "-m", m, "-p", "Hi", "-n", "4", "--mode", "eagle", "--draft", draft], expect)
+    };
+    let junk = tmp("junk.draft.safetensors");
+    std::fs::write(&junk, b"not a safetensors file").unwrap();
+    eagle(junk.to_str().unwrap(), "not a safetensors file");
+    // Gemma's head on SmolLM2: the wrong hidden size, said once.
+    let gemma_head = common::workspace_root().join("heads/gemma-3-270m-q4_k_m.draft.safetensors");
+    eagle(gemma_head.to_str().unwrap(), "hidden size 640");
 }
 
 #[test]
