@@ -194,6 +194,18 @@ fn specee_mode_refuses_sampling_missing_predictors_and_lossless_eval() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("missing, propagate or deferred"), "{}", common::stderr(&o));
+    // Sampling settings that would make every probability NaN are usage errors too.
+    for (flag, value, expect) in [
+        ("--temp", "nan", "finite"),
+        ("--temp", "inf", "finite"),
+        ("--top-p", "1.5", "probability"),
+        ("--min-p", "nan", "probability"),
+        ("--repeat-penalty", "0", "above 0"),
+    ] {
+        let o = common::specee(&["generate", "-m", m, "-p", "Hi", flag, value], Duration::from_secs(60));
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}");
+        assert!(common::stderr(&o).contains(expect), "{flag} {value}: {}", common::stderr(&o));
+    }
 }
 
 #[test]

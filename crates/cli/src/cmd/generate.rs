@@ -21,16 +21,17 @@ pub struct Args {
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
-    /// Temperature (0 = greedy).
-    #[arg(long = "temp", default_value_t = 0.0)]
+    /// Temperature (0 or below = greedy).
+    #[arg(long = "temp", default_value_t = 0.0, value_parser = finite)]
     pub temp: f32,
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = probability)]
     pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = probability)]
     pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    /// Divide the logits of recently seen tokens by this (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive)]
     pub repeat_penalty: f32,
     #[arg(long = "seed", default_value_t = 0)]
     pub seed: u64,
@@ -145,4 +146,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A finite number (NaN or ±∞ would turn every probability into NaN).
+fn finite(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("expected a finite number, got `{s}`")),
+    }
+}
+
+/// A probability in [0, 1].
+fn probability(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a probability in [0, 1], got `{s}`")),
+    }
+}
+
+/// A finite number above zero.
+fn positive(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a finite number above 0, got `{s}`")),
+    }
 }
