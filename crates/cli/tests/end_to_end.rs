@@ -301,3 +301,30 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     assert_eq!(gen_ids(&eagle), gen_ids(&dense));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A context that fills before `-n` tokens: generation stops there with exit status 0 and says why (a stderr
+/// line, `finish_reason: context_full` in `--json`), in dense and eagle mode.
+#[test]
+fn generate_says_when_the_context_is_full() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    for mode in ["dense", "eagle"] {
+        let args =
+            ["generate", "-m", m, "-p", "Once upon a time", "-n", "50", "-c", "20", "--ignore-eos", "--mode", mode];
+        let o = specee(&args, Duration::from_secs(120));
+        assert!(o.status.success(), "{mode}: {}", stderr(&o));
+        assert!(stderr(&o).contains("the context of 20 tokens is full"), "{mode}: {}", stderr(&o));
+        let o = specee(&args.iter().chain(&["--json"]).copied().collect::<Vec<_>>(), Duration::from_secs(120));
+        let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(got["finish_reason"], "context_full", "{mode}");
+        let used = ids(&got["prompt_ids"]).len() + ids(&got["generated_ids"]).len();
+        // The last token is emitted without entering the cache, so up to 21 tokens fit in 20 slots.
+        assert!((16..=21).contains(&used), "{mode}: {used} tokens in a context of 20");
+    }
+    let o = specee(
+        &["generate", "-m", m, "-p", "Once upon a time", "-n", "3", "--ignore-eos", "--json"],
+        Duration::from_secs(120),
+    );
+    let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(got["finish_reason"], "length");
+}

@@ -77,6 +77,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
     drop(out);
     let t = &g.timings;
+    // `Length` before -n tokens: the context filled up (the engine stops there rather than fail).
+    let context_full = g.finish == engine::FinishReason::Length && g.generated_ids.len() < a.n;
     if json {
         println!(
             "{}",
@@ -84,6 +86,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "prompt_ids": g.prompt_ids,
                 "generated_ids": g.generated_ids,
                 "text": g.text,
+                "finish_reason": match g.finish {
+                    _ if context_full => "context_full",
+                    engine::FinishReason::Length => "length",
+                    engine::FinishReason::Stop => "stop",
+                    engine::FinishReason::Cancelled => "cancelled",
+                },
                 "timings": {
                     "prompt_tokens_per_s": t.prompt_tokens_per_s(),
                     "decode_tokens_per_s": t.decode_tokens_per_s(),
@@ -121,6 +129,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
+        if context_full {
+            eprintln!(
+                "stopped after {} of {} tokens: the context of {} tokens is full (raise -c/--ctx-size)",
+                g.generated_ids.len(),
+                a.n,
+                a.ctx
+            );
+        }
         if let Some(s) = stats.exits() {
             let unit = if matches!(stats, RunStats::Merged(_)) { "tree forward" } else { "token" };
             eprintln!(
