@@ -1,7 +1,7 @@
 //! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram|specee] [--json]`: streams the continuation to
 //! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead.
 
-use super::{generate_with, ModeArgs, ModelArgs, RunStats};
+use super::{finite, generate_with, positive, probability, ModeArgs, ModelArgs, RunStats};
 use decode::SamplingParams;
 use engine::GenerateParams;
 use std::io::Write;
@@ -162,28 +162,4 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A finite number (NaN or ±∞ would turn every probability into NaN).
-fn finite(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if v.is_finite() => Ok(v),
-        _ => Err(format!("expected a finite number, got `{s}`")),
-    }
-}
-
-/// A probability in [0, 1].
-fn probability(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("expected a probability in [0, 1], got `{s}`")),
-    }
-}
-
-/// A finite number above zero.
-fn positive(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        _ => Err(format!("expected a finite number above 0, got `{s}`")),
-    }
 }

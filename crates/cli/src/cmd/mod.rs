@@ -116,14 +116,35 @@ fn parse_tree(s: &str) -> Result<decode::speculative::TreeConfig, String> {
         [d, k, b] | [d, k, b, _] => {
             let min_prob = match parts.get(3) {
                 None => 0.0,
-                Some(p) => match p.parse::<f32>() {
-                    Ok(v) if (0.0..=1.0).contains(&v) => v,
-                    _ => return Err(format!("MIN_PROB must be a probability in [0, 1], got `{p}`")),
-                },
+                Some(p) => probability(p).map_err(|e| format!("MIN_PROB: {e}"))?,
             };
             Ok(decode::speculative::TreeConfig { depth: count(d)?, top_k: count(k)?, budget: count(b)?, min_prob })
         }
         _ => Err("expected DEPTH,TOP_K,BUDGET[,MIN_PROB]".into()),
+    }
+}
+
+/// A finite number (NaN or ±∞ would turn every probability into NaN).
+pub(crate) fn finite(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!("expected a finite number, got `{s}`")),
+    }
+}
+
+/// A probability in [0, 1].
+pub(crate) fn probability(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a probability in [0, 1], got `{s}`")),
+    }
+}
+
+/// A finite number above zero.
+pub(crate) fn positive(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("expected a finite number above 0, got `{s}`")),
     }
 }
 
