@@ -328,3 +328,20 @@ fn generate_says_when_the_context_is_full() {
     let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(got["finish_reason"], "length");
 }
+
+/// Tree modes keep the prompt's last token for their first step: a 1-token prompt prefills nothing, so it reports no
+/// prompt rate (not the rate of an empty prefill), while a longer prompt reports one.
+#[test]
+fn tree_modes_report_no_rate_for_an_empty_prefill() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    for (prompt, has_rate) in [("Hello", false), ("The capital of France is", true)] {
+        let args = ["generate", "-m", m, "-p", prompt, "-n", "4", "--mode", "eagle", "--json"];
+        let o = specee(&args, Duration::from_secs(120));
+        assert!(o.status.success(), "{}", stderr(&o));
+        let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(ids(&got["prompt_ids"]).len() > 1, has_rate, "{prompt:?} tokenizes to {:?}", got["prompt_ids"]);
+        let rate = got["timings"]["prompt_tokens_per_s"].as_f64().unwrap();
+        assert_eq!(rate > 0.0, has_rate, "{prompt:?}: prompt rate {rate}");
+    }
+}

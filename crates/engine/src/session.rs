@@ -48,6 +48,9 @@ pub enum FinishReason {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Timings {
     pub prompt_tokens: usize,
+    /// Prompt tokens run through the model in `prompt_seconds`: all of them, except in the tree modes, whose first
+    /// step takes the prompt's last token as its root (so a 1-token prompt prefills nothing and has no rate).
+    pub prefilled_tokens: usize,
     pub prompt_seconds: f64,
     pub decode_tokens: usize,
     pub decode_seconds: f64,
@@ -55,7 +58,7 @@ pub struct Timings {
 
 impl Timings {
     pub fn prompt_tokens_per_s(&self) -> f64 {
-        rate(self.prompt_tokens, self.prompt_seconds)
+        rate(self.prefilled_tokens, self.prompt_seconds)
     }
     pub fn decode_tokens_per_s(&self) -> f64 {
         rate(self.decode_tokens, self.decode_seconds)
@@ -63,7 +66,7 @@ impl Timings {
 }
 
 fn rate(n: usize, s: f64) -> f64 {
-    if s > 0.0 {
+    if n > 0 && s > 0.0 {
         n as f64 / s
     } else {
         0.0
@@ -187,7 +190,7 @@ impl<'e> Emitter<'e> {
             text: String::new(),
             generated: Vec::new(),
             finish: FinishReason::Length,
-            timings: Timings { prompt_tokens, ..Default::default() },
+            timings: Timings { prompt_tokens, prefilled_tokens: prompt_tokens, ..Default::default() },
         }
     }
 

@@ -195,6 +195,7 @@ impl Engine {
         let t0 = Instant::now();
         dec.feed(prompt_ids).map_err(speculative_error)?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        out.timings.prefilled_tokens = prompt_ids.len().saturating_sub(1);
         let t1 = Instant::now();
         'outer: while out.generated.len() < params.max_tokens {
             if dec.committed() + 1 >= capacity {
