@@ -109,7 +109,11 @@ impl Engine {
             if !out.push(next, &mut on_text) {
                 break;
             }
-            if out.generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
+            if out.generated.len() == params.max_tokens {
+                break;
+            }
+            if dec.tokens().len() >= capacity {
+                out.finish = crate::FinishReason::ContextFull;
                 break;
             }
             next = dec.step(next, false).map_err(specee_error)?.token;

@@ -38,6 +38,8 @@ impl Default for GenerateParams {
 pub enum FinishReason {
     /// Hit `max_tokens`.
     Length,
+    /// The context (`ctx`) filled up before `max_tokens`.
+    ContextFull,
     /// An end-of-generation token or a stop string.
     Stop,
     /// The callback asked to stop.
@@ -149,7 +151,11 @@ impl Engine {
                 break;
             }
             history.push(next);
-            if out.generated.len() == params.max_tokens || dec.tokens().len() >= capacity {
+            if out.generated.len() == params.max_tokens {
+                break;
+            }
+            if dec.tokens().len() >= capacity {
+                out.finish = FinishReason::ContextFull;
                 break;
             }
             next = step(&mut dec, &[next], &history)?;

@@ -199,6 +199,7 @@ impl Engine {
         let t1 = Instant::now();
         'outer: while out.generated.len() < params.max_tokens {
             if dec.committed() + 1 >= capacity {
+                out.finish = crate::FinishReason::ContextFull;
                 break;
             }
             for &next in dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)? {

@@ -274,7 +274,8 @@ impl Worker {
         let timings = generation.timings;
         let (outcome, finish_reason) = match generation.finish {
             FinishReason::Stop => (Outcome::Stop, "stop"),
-            FinishReason::Length => (Outcome::Length, "length"),
+            // OpenAI's API says `length` for both.
+            FinishReason::Length | FinishReason::ContextFull => (Outcome::Length, "length"),
             FinishReason::Cancelled => (Outcome::Cancelled, ""),
         };
         let speed = (timings.decode_tokens > 1).then(|| timings.decode_tokens_per_s());

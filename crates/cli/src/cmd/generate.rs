@@ -77,8 +77,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
     drop(out);
     let t = &g.timings;
-    // `Length` before -n tokens: the context filled up (the engine stops there rather than fail).
-    let context_full = g.finish == engine::FinishReason::Length && g.generated_ids.len() < a.n;
     if json {
         println!(
             "{}",
@@ -87,8 +85,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "generated_ids": g.generated_ids,
                 "text": g.text,
                 "finish_reason": match g.finish {
-                    _ if context_full => "context_full",
                     engine::FinishReason::Length => "length",
+                    engine::FinishReason::ContextFull => "context_full",
                     engine::FinishReason::Stop => "stop",
                     engine::FinishReason::Cancelled => "cancelled",
                 },
@@ -129,7 +127,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
-        if context_full {
+        if g.finish == engine::FinishReason::ContextFull {
             eprintln!(
                 "stopped after {} of {} tokens: the context of {} tokens is full (raise -c/--ctx-size)",
                 g.generated_ids.len(),
