@@ -32,6 +32,8 @@ enum Command {
     TrainDraft(cmd::train_draft::Args),
     /// Train SpecEE's per-layer exit predictors for a model (traces the model first).
     TrainExit(cmd::train_exit::Args),
+    /// Build the n-gram datastore of a model's own answers that the tree modes draft from.
+    BuildDatastore(cmd::build_datastore::Args),
 }
 
 fn main() {
@@ -46,6 +48,7 @@ fn main() {
         Command::Eval(a) => cmd::eval::run(a),
         Command::TrainDraft(a) => cmd::train_draft::run(a),
         Command::TrainExit(a) => cmd::train_exit::run(a),
+        Command::BuildDatastore(a) => cmd::build_datastore::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

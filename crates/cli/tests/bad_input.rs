@@ -218,6 +218,13 @@ fn eagle_mode_names_a_bad_draft_head() {
     let junk = tmp("junk.draft.safetensors");
     std::fs::write(&junk, b"not a safetensors file").unwrap();
     eagle(junk.to_str().unwrap(), "not a safetensors file");
+    // A bad datastore, and a missing one named explicitly.
+    let store = |path: &str, expect: &str| {
+        let args = ["generate", "-m", m, "-p", "Hi", "-n", "4", "--mode", "eagle", "--datastore", path];
+        assert_clean_error(&args, expect)
+    };
+    store(junk.to_str().unwrap(), "not a datastore");
+    store("/nonexistent.datastore.safetensors", "cannot read");
     // Gemma's head on SmolLM2: the wrong hidden size, said once.
     let gemma_head = common::workspace_root().join("heads/gemma-3-270m-q4_k_m.draft.safetensors");
     eagle(gemma_head.to_str().unwrap(), "hidden size 640");

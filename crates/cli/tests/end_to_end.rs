@@ -299,6 +299,23 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     let gen_ids =
         |o: &std::process::Output| ids(&serde_json::from_str::<Value>(stdout(o).trim()).unwrap()["generated_ids"]);
     assert_eq!(gen_ids(&eagle), gen_ids(&dense));
+    // A datastore from the same caches (`h.datastore.safetensors` shares `h.safetensors`'s), drafted from in the
+    // eagle and ngram modes, still lossless.
+    let store = dir.join("h.datastore.safetensors");
+    let store_s = store.to_str().unwrap();
+    let o = run(["build-datastore", "-m", m, "--data", &a, "--data", &b, "--out", store_s, "-t", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("using collected data").count(), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("n-grams (2..=6 tokens)"), "{}", stderr(&o));
+    for mode in ["eagle", "ngram"] {
+        let extra = ["--mode", mode, "--draft", out_s, "--datastore", store_s];
+        let o = specee(&gen.iter().chain(&extra).copied().collect::<Vec<_>>(), Duration::from_secs(120));
+        assert!(o.status.success(), "{mode}: {}", stderr(&o));
+        assert_eq!(gen_ids(&o), gen_ids(&dense), "{mode} with a datastore");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

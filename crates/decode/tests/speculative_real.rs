@@ -8,7 +8,7 @@
 mod common;
 
 use common::{dense_greedy, models_dir, reference_dir, workspace_root};
-use decode::speculative::{DraftHead, EagleProposer, NgramProposer, OracleProposer, Proposer};
+use decode::speculative::{Datastore, DraftHead, EagleProposer, LookupChain, NgramProposer, OracleProposer, Proposer};
 use decode::{SamplingParams, SpeculativeDecoder};
 use model::Model;
 use serde_json::Value;
@@ -113,8 +113,9 @@ fn gemma3_greedy_speculative_equals_dense() {
     }
 }
 
-/// The shipped SmolLM2 draft head (`heads/`), alone and with its default prompt-lookup chain: greedy EAGLE output
-/// equals dense greedy on the 8 raw and 4 chat reference prompts × 64 tokens; prints τ per prompt.
+/// The shipped SmolLM2 draft head (`heads/`), alone, with its default prompt-lookup chain, and with the chain
+/// falling back on a datastore (built from the model's greedy continuations of the *other* prompts): greedy EAGLE
+/// output equals dense greedy on the 8 raw and 4 chat reference prompts × 64 tokens; prints τ per prompt.
 #[test]
 fn smollm2_eagle_head_greedy_equals_dense() {
     let model = load();
@@ -123,19 +124,27 @@ fn smollm2_eagle_head_greedy_equals_dense() {
     head.check_fits(&model).unwrap();
     let raw = reference_prompts("smollm2.greedy_raw.jsonl");
     let chat = reference_prompts("smollm2.greedy_chat.jsonl");
-    let mut drafted = [0; 2];
-    for (i, prompt) in raw.iter().chain(&chat).enumerate() {
-        let dense = dense_greedy(&model, prompt, N, THREADS);
-        for (j, lookup) in [0, EagleProposer::DEFAULT_LOOKUP].into_iter().enumerate() {
-            let proposer = EagleProposer::new(head.clone(), EagleProposer::default_tree()).with_lookup(lookup);
+    let prompts: Vec<&Vec<u32>> = raw.iter().chain(&chat).collect();
+    let runs: Vec<Vec<u32>> =
+        prompts.iter().map(|p| p.iter().copied().chain(dense_greedy(&model, p, N, THREADS)).collect()).collect();
+    let mut drafted = [0; 3];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let dense = runs[i][prompt.len()..].to_vec();
+        let others = (0..runs.len()).filter(|&j| j != i).map(|j| (&runs[j][..], prompts[j].len()));
+        let store = Some(std::sync::Arc::new(Datastore::build(others, Default::default(), model.config.vocab_size)));
+        let lookups = [(0, None), (EagleProposer::DEFAULT_LOOKUP, None), (EagleProposer::DEFAULT_LOOKUP, store)];
+        for (j, (lookup, store)) in lookups.into_iter().enumerate() {
+            let mut proposer = EagleProposer::new(head.clone(), EagleProposer::default_tree());
+            proposer.lookup = LookupChain::new(lookup).with_datastore(store);
             let mut dec =
                 SpeculativeDecoder::new(&model, prompt.len() + N + 64, THREADS, proposer, SamplingParams::greedy());
             let (got, secs) = run(&mut dec, prompt, N);
-            assert_eq!(got, dense, "prompt {i}, lookup {lookup}: EAGLE output differs from dense greedy");
+            assert_eq!(got, dense, "prompt {i}, variant {j}: EAGLE output differs from dense greedy");
             let s = dec.stats();
             drafted[j] += s.drafted_nodes;
             println!(
-                "eagle prompt {i:2} lookup {lookup}: τ {:.2} ({} forwards), {:.1} ms",
+                "eagle prompt {i:2} lookup {lookup} datastore {}: τ {:.2} ({} forwards), {:.1} ms",
+                j == 2,
                 s.acceptance_length(),
                 s.target_forwards,
                 secs * 1e3
@@ -144,6 +153,7 @@ fn smollm2_eagle_head_greedy_equals_dense() {
     }
     assert!(drafted[0] > 0, "the head drafted nothing");
     assert!(drafted[1] > drafted[0], "the lookup chain added no node: {drafted:?}");
+    assert!(drafted[2] > drafted[1], "the datastore added no node: {drafted:?}");
 }
 
 /// A chat prompt whose answer mostly repeats the prompt (a code fix), where prompt lookup shines.

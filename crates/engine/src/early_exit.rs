@@ -46,6 +46,8 @@ pub struct SpecEeSetup {
     /// Longest prompt-lookup chain `specee-eagle` drafts beside the head's tree (usually
     /// [`EagleProposer::DEFAULT_LOOKUP`]; 0: none).
     pub lookup: usize,
+    /// What the lookup chain falls back on where the context has no match.
+    pub datastore: Option<std::sync::Arc<decode::speculative::Datastore>>,
 }
 
 impl SpecEeSetup {
@@ -65,6 +67,7 @@ impl SpecEeSetup {
         let tree = self.tree.unwrap_or_else(Self::default_tree);
         MergedDecoder::new(&engine.model, capacity, threads, self.head.clone(), tree, &self.predictors, self.config)
             .with_lookup(self.lookup)
+            .with_datastore(self.datastore.clone())
     }
 
     /// The exit threshold the decoder will use.

@@ -27,6 +27,8 @@ pub enum EngineError {
     NoDraftHead(PathBuf),
     #[error("draft head {}: {source}", path.display())]
     DraftHead { path: PathBuf, source: decode::speculative::DraftHeadError },
+    #[error("datastore {}: {source}", path.display())]
+    Datastore { path: PathBuf, source: decode::speculative::DatastoreError },
     #[error("published EAGLE head {}: {source}", path.display())]
     PublishedHead { path: PathBuf, source: decode::speculative::PublishedHeadError },
     #[error("no exit predictors at {} (train them with `specee train-exit`, or pass --exit FILE)", .0.display())]

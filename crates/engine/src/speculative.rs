@@ -5,11 +5,15 @@
 //! in the repository (beside `models/`). `--mode eagle --draft DIR` also takes a published EAGLE-1/2/3
 //! checkpoint of a Llama-family model (a folder with `config.json` and `model.safetensors` or
 //! `pytorch_model.bin`): see [`load_eagle`].
+//!
+//! Datastores (the n-gram table of the model's own answers that the lookup chain falls back on, see
+//! [`decode::speculative::datastore`]): `--datastore FILE`, or the shipped `heads/<model file stem>.datastore.safetensors`
+//! when present.
 
 use crate::error::EngineError;
 use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
 use decode::speculative::{
-    DraftHead, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer, SpeculativeDecoder,
+    Datastore, DraftHead, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer, SpeculativeDecoder,
     SpeculativeStats, TreeConfig,
 };
 use std::path::{Path, PathBuf};
@@ -87,6 +91,25 @@ pub fn default_head_path(model_path: &Path) -> PathBuf {
     shipped_path(model_path, "draft")
 }
 
+/// The datastore to draft from: `path` (which must load), else the model's shipped one if there is one, else
+/// none.
+pub fn load_datastore(
+    engine: &Engine,
+    model_path: &Path,
+    path: Option<&Path>,
+) -> Result<Option<std::sync::Arc<Datastore>>, EngineError> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => match shipped_path(model_path, "datastore") {
+            shipped if shipped.exists() => shipped,
+            _ => return Ok(None),
+        },
+    };
+    let store = Datastore::load(&path, engine.model.config.vocab_size)
+        .map_err(|source| EngineError::Datastore { path: path.clone(), source })?;
+    Ok(Some(std::sync::Arc::new(store)))
+}
+
 /// Loads a draft head (`path`, or the model's shipped one) and checks that it fits the model.
 pub fn load_head(engine: &Engine, model_path: &Path, path: Option<&Path>) -> Result<DraftHead, EngineError> {
     let path = path.map(Path::to_path_buf).unwrap_or_else(|| default_head_path(model_path));
@@ -121,7 +144,7 @@ pub fn load_eagle(
         let proposer = PublishedProposer::new(head, &engine.model, tree).map_err(err)?;
         return Ok(AnyProposer::Published(Box::new(proposer.with_lookup(EagleProposer::DEFAULT_LOOKUP))));
     }
-    Ok(AnyProposer::eagle(load_head(engine, model_path, path)?, tree))
+    Ok(AnyProposer::eagle(load_head(engine, model_path, path)?, tree, None))
 }
 
 /// A proposer for one of the speculative modes.
@@ -155,10 +178,27 @@ impl Proposer for AnyProposer {
 
 impl AnyProposer {
     /// An EAGLE proposer with `head`, tree sizes `tree` (default: [`EagleProposer::default_tree`]) and the
-    /// default prompt-lookup chain ([`EagleProposer::DEFAULT_LOOKUP`]).
-    pub fn eagle(head: impl Into<std::sync::Arc<DraftHead>>, tree: Option<TreeConfig>) -> AnyProposer {
+    /// default prompt-lookup chain ([`EagleProposer::DEFAULT_LOOKUP`]), falling back on `datastore`.
+    pub fn eagle(
+        head: impl Into<std::sync::Arc<DraftHead>>,
+        tree: Option<TreeConfig>,
+        datastore: Option<std::sync::Arc<Datastore>>,
+    ) -> AnyProposer {
         let tree = tree.unwrap_or_else(EagleProposer::default_tree);
-        AnyProposer::Eagle(Box::new(EagleProposer::new(head, tree).with_lookup(EagleProposer::DEFAULT_LOOKUP)))
+        let mut proposer = EagleProposer::new(head, tree).with_lookup(EagleProposer::DEFAULT_LOOKUP);
+        proposer.lookup = std::mem::take(&mut proposer.lookup).with_datastore(datastore);
+        AnyProposer::Eagle(Box::new(proposer))
+    }
+
+    /// Sets the lookup chain (its base length, 0: none, and datastore) of an `eagle` proposer, or the datastore
+    /// of an `ngram` one.
+    pub fn set_lookup(&mut self, base: usize, datastore: Option<std::sync::Arc<Datastore>>) {
+        let chain = decode::speculative::LookupChain::new(base).with_datastore(datastore.clone());
+        match self {
+            AnyProposer::Eagle(p) => p.lookup = chain,
+            AnyProposer::Published(p) => p.lookup = chain,
+            AnyProposer::Ngram(p) => p.datastore = datastore,
+        }
     }
 }
 

@@ -56,6 +56,8 @@ pub struct ModeResources {
     /// Shared by every `eagle` request (never copied per request).
     pub draft: Option<std::sync::Arc<decode::speculative::DraftHead>>,
     pub specee: Option<SpecEeSetup>,
+    /// What `eagle` requests' lookup chains fall back on (the `specee` setup holds its own).
+    pub datastore: Option<std::sync::Arc<decode::speculative::Datastore>>,
 }
 
 impl std::fmt::Debug for ModeResources {
@@ -63,6 +65,7 @@ impl std::fmt::Debug for ModeResources {
         f.debug_struct("ModeResources")
             .field("draft", &self.draft.is_some())
             .field("specee", &self.specee.is_some())
+            .field("datastore", &self.datastore.is_some())
             .finish()
     }
 }

@@ -245,7 +245,7 @@ impl Worker {
             }
             Mode::Eagle => {
                 let head = Arc::clone(self.resources.draft.as_ref().ok_or_else(|| unavailable(Mode::Eagle))?);
-                let proposer = engine::speculative::AnyProposer::eagle(head, None);
+                let proposer = engine::speculative::AnyProposer::eagle(head, None, self.resources.datastore.clone());
                 let (g, s) =
                     engine.generate_speculative(&prompt_ids, &params, self.ctx, self.threads, proposer, on_text)?;
                 let tokens = g.generated_ids.len() as u64;

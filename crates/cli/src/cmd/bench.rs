@@ -279,6 +279,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         "decode_tokens_per_s": tokens as f64 / mode_s.max(1e-9),
         "speedup_vs_dense": dense_s / mode_s.max(1e-9),
         "acceptance_length": total.acceptance_length(),
+        "drafted_per_forward": total.drafted_nodes as f64 / total.target_forwards.max(1) as f64,
         "draft_share": total.draft_time.as_secs_f64() / decode_share,
         "verify_share": total.verify_time.as_secs_f64() / decode_share,
         "identical_to_dense": identical,

@@ -1,6 +1,7 @@
 //! One module per subcommand, plus the flags they share.
 
 pub mod bench;
+pub mod build_datastore;
 pub mod eval;
 pub mod fetch;
 pub mod generate;
@@ -89,6 +90,14 @@ pub struct ModeArgs {
     /// head's tree (default 3; 0: off).
     #[arg(long)]
     pub lookup: Option<usize>,
+    /// --mode eagle, ngram and specee-eagle: where the context offers no lookup match, draft from this n-gram
+    /// datastore of the model's own answers (default: heads/<model file stem>.datastore.safetensors when present;
+    /// `specee build-datastore` writes one).
+    #[arg(long, conflicts_with = "no_datastore")]
+    pub datastore: Option<PathBuf>,
+    /// Draft from the context only, not from a datastore.
+    #[arg(long)]
+    pub no_datastore: bool,
     /// Exit predictors for --mode specee and specee-eagle (default: heads/<model file stem>.exit.safetensors).
     #[arg(long)]
     pub exit: Option<PathBuf>,
@@ -194,11 +203,7 @@ impl ModeArgs {
             Mode::Dense => Runner::Dense,
             Mode::Eagle => {
                 let mut p = load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?;
-                match (self.lookup.map(decode::speculative::LookupChain::new), &mut p) {
-                    (Some(chain), AnyProposer::Eagle(e)) => e.lookup = chain,
-                    (Some(chain), AnyProposer::Published(e)) => e.lookup = chain,
-                    _ => {}
-                }
+                p.set_lookup(self.lookup_base(), self.datastore(eng, model_path)?);
                 Runner::Speculative(p)
             }
             Mode::Ngram => {
@@ -206,7 +211,7 @@ impl ModeArgs {
                 if let Some(t) = self.tree {
                     p.config.tree = t;
                 }
-                Runner::Speculative(AnyProposer::Ngram(p))
+                Runner::Speculative(AnyProposer::Ngram(p.with_datastore(self.datastore(eng, model_path)?)))
             }
             Mode::Specee => Runner::Specee(self.specee_setup(eng, model_path)?),
             Mode::SpeceeEagle => Runner::Merged(self.specee_setup(eng, model_path)?),
@@ -229,8 +234,29 @@ impl ModeArgs {
                 offline_only: self.offline_only,
             },
             tree: self.tree,
-            lookup: self.lookup.unwrap_or(decode::speculative::EagleProposer::DEFAULT_LOOKUP),
+            lookup: self.lookup_base(),
+            datastore: match self.mode {
+                engine::speculative::Mode::SpeceeEagle => self.datastore(eng, model_path)?,
+                _ => None,
+            },
         })
+    }
+
+    /// The lookup chain's base length.
+    fn lookup_base(&self) -> usize {
+        self.lookup.unwrap_or(decode::speculative::EagleProposer::DEFAULT_LOOKUP)
+    }
+
+    /// The datastore to draft from (none with `--no-datastore` or `--lookup 0`).
+    fn datastore(
+        &self,
+        eng: &engine::Engine,
+        model_path: &std::path::Path,
+    ) -> anyhow::Result<Option<std::sync::Arc<decode::speculative::Datastore>>> {
+        if self.no_datastore || (self.lookup == Some(0) && self.mode != engine::speculative::Mode::Ngram) {
+            return Ok(None);
+        }
+        Ok(engine::speculative::load_datastore(eng, model_path, self.datastore.as_deref())?)
     }
 }
 

@@ -36,6 +36,13 @@ pub struct Args {
     /// Exit predictors for the specee mode (default: heads/<model file stem>.exit.safetensors when present).
     #[arg(long)]
     pub exit: Option<std::path::PathBuf>,
+    /// N-gram datastore the eagle modes draft from where the context offers no lookup match (default:
+    /// heads/<model file stem>.datastore.safetensors when present; `specee build-datastore` writes one).
+    #[arg(long, conflicts_with = "no_datastore")]
+    pub datastore: Option<std::path::PathBuf>,
+    /// Draft from the context only, not from a datastore.
+    #[arg(long)]
+    pub no_datastore: bool,
 }
 
 /// Loads what the eagle and specee modes need: the files given (an error if they fail) or the model's shipped
@@ -48,6 +55,7 @@ fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::
     } else {
         None
     };
+    let datastore = if a.no_datastore { None } else { speculative::load_datastore(eng, path, a.datastore.as_deref())? };
     let exit_path = a.exit.clone().unwrap_or_else(|| early_exit::default_exit_path(path));
     let specee = match &draft {
         Some(head) if a.exit.is_some() || exit_path.exists() => Some(early_exit::SpecEeSetup {
@@ -56,10 +64,11 @@ fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::
             config: decode::specee::SpecEeConfig::default(),
             tree: None,
             lookup: decode::speculative::EagleProposer::DEFAULT_LOOKUP,
+            datastore: datastore.clone(),
         }),
         _ => None,
     };
-    Ok(server::ModeResources { draft, specee })
+    Ok(server::ModeResources { draft, specee, datastore })
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

@@ -119,7 +119,7 @@ fn with_aux(
     Ok(data)
 }
 
-fn collect_cached(
+pub(crate) fn collect_cached(
     engine: &engine::Engine,
     records_path: &Path,
     cache: &Path,

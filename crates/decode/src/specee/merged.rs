@@ -206,6 +206,12 @@ impl<'m> MergedDecoder<'m> {
         self
     }
 
+    /// Lets the lookup chain fall back on `datastore` ([`crate::speculative::LookupChain::with_datastore`]).
+    pub fn with_datastore(mut self, datastore: Option<std::sync::Arc<crate::speculative::Datastore>>) -> Self {
+        self.proposer.lookup = std::mem::take(&mut self.proposer.lookup).with_datastore(datastore);
+        self
+    }
+
     /// Every committed token.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens

@@ -18,7 +18,7 @@
 //!
 //! [`SpeculativeDecoder`] runs the loop; each [`SpeculativeDecoder::step`] commits between 1 and `depth + 1`
 //! tokens for one target forward. Proposers here: [`NgramProposer`] (prompt lookup: what followed the latest
-//! n-gram earlier in the context) and [`OracleProposer`] (replays a known continuation with wrong siblings, for
+//! n-gram earlier in the context, else in a [`Datastore`] of the model's own answers) and [`OracleProposer`] (replays a known continuation with wrong siblings, for
 //! tests and upper bounds). Trained EAGLE heads plug in through the same [`Proposer`] trait.
 //!
 //! References: EAGLE (Li et al., 2024, arXiv:2401.15077), EAGLE-2 dynamic trees (arXiv:2406.16858), SpecInfer
@@ -39,6 +39,7 @@
 //! ```
 
 pub mod acceptance;
+pub mod datastore;
 mod decoder;
 pub mod distribution;
 pub mod eagle;
@@ -49,6 +50,7 @@ pub mod published;
 pub mod tree;
 pub mod verify;
 
+pub use datastore::{BuildOptions as DatastoreOptions, Datastore, DatastoreError};
 pub use decoder::{SpeculativeDecoder, SpeculativeStats};
 pub use eagle::{DraftHead, DraftHeadError, EagleProposer};
 pub use ngram::{LookupChain, NgramConfig, NgramProposer};

@@ -5,11 +5,14 @@
 //! For a path (committed tokens followed by the draft tokens above a tree node) it finds the longest suffix of
 //! `max_n..=min_n` tokens that also occurs earlier in the committed tokens, and counts which tokens followed those
 //! occurrences: `count / total` is the draft's next-token distribution (ties go to the most recent occurrence).
-//! [`build_dynamic_tree`] turns that into an EAGLE-2 tree, so competing continuations become branches.
+//! [`build_dynamic_tree`] turns that into an EAGLE-2 tree, so competing continuations become branches. Where the
+//! context holds no match, a [`Datastore`] (the model's own answers to other prompts), if given, drafts instead.
 
+use super::datastore::Datastore;
 use super::proposer::{DraftContext, Proposer};
 use super::tree::{build_dynamic_tree, DraftTree, TreeConfig, ROOT};
 use super::SpeculativeError;
+use std::sync::Arc;
 
 /// Settings of the n-gram proposer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,7 +45,11 @@ impl Default for NgramConfig {
 pub struct NgramProposer {
     /// Settings.
     pub config: NgramConfig,
+    /// Consulted where the context offers no match.
+    pub datastore: Option<Arc<Datastore>>,
     path: Vec<u32>,
+    /// Whether the last [`NgramProposer::continuations`] came from the datastore.
+    from_store: bool,
     suffix: Vec<u32>,
     counts: Vec<(u32, u32, usize)>,
     next: Vec<(u32, f32)>,
@@ -54,9 +61,17 @@ impl NgramProposer {
         NgramProposer { config, ..Default::default() }
     }
 
-    /// Candidate next tokens after `context ++ extra`, as `(token, log_prob)`, most likely first.
+    /// Also drafts from `datastore` where the context offers no match.
+    pub fn with_datastore(mut self, datastore: Option<Arc<Datastore>>) -> NgramProposer {
+        self.datastore = datastore;
+        self
+    }
+
+    /// Candidate next tokens after `context ++ extra`, as `(token, log_prob)`, most likely first: what followed
+    /// the longest matching suffix in the context, else the datastore's entry (one token), else nothing.
     pub fn continuations(&mut self, context: &[u32], extra: &[u32], out: &mut Vec<(u32, f32)>) {
         out.clear();
+        self.from_store = false;
         let start = context.len().saturating_sub(self.config.window);
         let searched = &context[start..];
         let max_n = self.config.max_n.min(context.len() + extra.len());
@@ -85,6 +100,10 @@ impl NgramProposer {
             out.extend(self.counts.iter().map(|&(t, c, _)| (t, (c as f32 / total as f32).ln())));
             return;
         }
+        if let Some((token, prob)) = self.datastore.as_ref().and_then(|d| d.next(context, extra)) {
+            out.push((token, prob.ln()));
+            self.from_store = true;
+        }
     }
 }
 
@@ -104,6 +123,9 @@ impl NgramProposer {
             let existing = tree.children(node).find(|&c| tree.node(c).token == token);
             node = match existing {
                 Some(child) => child,
+                // The datastore only follows and deepens the other proposer's paths: where that proposer drafted
+                // something else, it is usually right and a competing store branch is a wasted row.
+                None if self.from_store && tree.children(node).next().is_some() => break,
                 None => {
                     added += 1;
                     tree.push(node, token, log_prob)
@@ -138,6 +160,12 @@ impl LookupChain {
     /// A chain of `base` tokens after a miss (0: none).
     pub fn new(base: usize) -> LookupChain {
         LookupChain { base, len: base, ..Default::default() }
+    }
+
+    /// Drafts from `datastore` where the context offers no match ([`NgramProposer::with_datastore`]).
+    pub fn with_datastore(mut self, datastore: Option<Arc<Datastore>>) -> LookupChain {
+        self.lookup.datastore = datastore;
+        self
     }
 
     /// Adds the chain (at most `cap` tokens) under `tree`'s root, the last of the committed `tokens`; returns the
@@ -243,6 +271,29 @@ mod tests {
         let mut tree = DraftTree::new(2);
         assert_eq!(p.extend_chain(&[7, 8, 2], &mut tree, 3), 0);
         assert!(tree.is_empty());
+    }
+
+    #[test]
+    fn the_datastore_drafts_where_the_context_has_no_match() {
+        // The model once answered "… 5 6 7 8"; this context never saw "5 6".
+        let answers = [(&[90u32, 5, 6, 7, 8][..], 1)];
+        let store = Arc::new(Datastore::build(answers, Default::default(), 100));
+        let mut p = NgramProposer::default().with_datastore(Some(store.clone()));
+        let mut out = Vec::new();
+        p.continuations(&[1, 2, 5, 6], &[], &mut out);
+        assert_eq!(out, vec![(7, 0.0)]);
+        // A context match wins over the store.
+        p.continuations(&[5, 6, 9, 5, 6], &[], &mut out);
+        assert_eq!(out, vec![(9, 0.0)]);
+        // The chain mixes both, step by step: the store gives 7 and 8 after "5 6".
+        let mut chain = LookupChain::new(3).with_datastore(Some(store));
+        let mut tree = DraftTree::new(6);
+        assert_eq!(chain.extend(&[1, 2, 5, 6], &mut tree, usize::MAX), 2);
+        let mut path = Vec::new();
+        tree.path_tokens(tree.len() - 1, &mut path);
+        assert_eq!(path, [7, 8]);
+        // Without the store nothing is drafted.
+        assert_eq!(LookupChain::new(3).extend(&[1, 2, 5, 6], &mut DraftTree::new(6), usize::MAX), 0);
     }
 
     #[test]
