@@ -4,8 +4,9 @@
 //!
 //! It runs the model over the chat records as `train-draft` does (its own greedy answers), caching them beside the
 //! output as `X.train-data.<file stem>.safetensors` for `--out X.datastore.safetensors` (or `X.safetensors`): the
-//! caches `train-draft --out X.safetensors` writes, so one collection serves both. Then it counts, for every generated token, the 2–6 tokens before it. Raw-text records are
-//! collected but predict nothing: the store drafts the model's own phrasing.
+//! caches `train-draft --out X.safetensors` writes, so one collection serves both. Then it counts, for every
+//! generated token, the 2–6 tokens before it. Raw-text records are collected but predict nothing: the store
+//! drafts the model's own phrasing.
 
 use super::{sibling, CollectArgs, ModelArgs};
 use decode::speculative::{Datastore, DatastoreOptions};

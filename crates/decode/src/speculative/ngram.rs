@@ -294,6 +294,17 @@ mod tests {
         assert_eq!(path, [7, 8]);
         // Without the store nothing is drafted.
         assert_eq!(LookupChain::new(3).extend(&[1, 2, 5, 6], &mut DraftTree::new(6), usize::MAX), 0);
+        // The store follows the head's path (the head drafted 7: 8 goes below it) but never branches off it (the
+        // head drafted 9: nothing added).
+        let mut chain = LookupChain::new(3).with_datastore(p.datastore.clone());
+        let mut tree = DraftTree::new(6);
+        let seven = tree.push(ROOT, 7, -0.5);
+        assert_eq!(chain.extend(&[1, 2, 5, 6], &mut tree, usize::MAX), 1);
+        assert_eq!(tree.children(seven).map(|c| tree.node(c).token).collect::<Vec<_>>(), [8]);
+        let mut tree = DraftTree::new(6);
+        tree.push(ROOT, 9, -0.5);
+        assert_eq!(chain.extend(&[1, 2, 5, 6], &mut tree, usize::MAX), 0);
+        assert_eq!(tree.len(), 2, "the root and 9");
     }
 
     #[test]
