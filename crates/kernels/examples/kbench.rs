@@ -1,6 +1,12 @@
 //! Quick kernel timing without criterion: `cargo run --release -p kernels --example kbench -- [threads] [filter]`.
 //! Prints min and median time per matmul (GB/s of weights on the min) for decode/multi-row shapes, and the
 //! pool's per-`run` latency. Min-of-many is used because the development machine is shared.
+//!
+//! `kbench THREADS cold [MATRICES]` instead multiplies MATRICES (200) distinct SmolLM2-sized Q4_1 FFN matrices
+//! (1536 × 576, interleaved; ~108 MB, more than the caches hold) in turn by 1–8 activation rows, so the weights
+//! stream from memory as in decoding (the other shapes reuse one matrix, which stays cached). Session 18 on the
+//! 2-vCPU VM: 46.6, 42.9, 45.6, 54.0, 62.2, 82.4 µs per matrix for 1, 2, 3, 4, 6, 8 rows: up to 3 rows cost no
+//! more than one.
 
 use gguf::GgmlType;
 use kernels::{matmul, MatmulScratch, QMatrix, ThreadPool};
@@ -53,6 +59,9 @@ fn main() {
     let filter = args.get(2).cloned().unwrap_or_default();
     let pool = ThreadPool::new(threads);
     println!("isa {} threads {threads}", kernels::detected_isa());
+    if filter == "cold" {
+        return cold(&pool, args.get(3).and_then(|v| v.parse().ok()).unwrap_or(200));
+    }
     if filter.is_empty() || filter == "pool" {
         let (min, med) = time(20, || {
             for _ in 0..10_000 {
@@ -105,5 +114,33 @@ fn main() {
             }
         }
         println!("{line}");
+    }
+}
+
+/// Products with `count` distinct matrices in turn, so that their weights come from memory (see the header).
+fn cold(pool: &ThreadPool, count: usize) {
+    let (ty, rows, cols) = (GgmlType::Q4_1, 1536usize, 576usize);
+    let mats: Vec<Vec<u8>> = (0..count)
+        .map(|i| {
+            let mut plain = random_matrix(ty, rows, cols);
+            // Distinct contents per matrix (the generator is seeded the same each time).
+            plain.iter_mut().skip(4).step_by(20).for_each(|b| *b = b.wrapping_add(i as u8));
+            kernels::repack::interleave8(ty, &plain, rows, cols)
+        })
+        .collect();
+    let qm: Vec<QMatrix> = mats.iter().map(|d| QMatrix::interleaved8(ty, d, rows, cols).unwrap()).collect();
+    let bytes = mats[0].len();
+    println!("{count} matrices of {} KB", bytes / 1024);
+    for n in [1usize, 2, 3, 4, 6, 8] {
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+        let mut out = vec![0.0; n * rows];
+        let mut scratch = MatmulScratch::default();
+        let (min, _) = time(7, || {
+            for m in &qm {
+                matmul(pool, m, &x, n, &mut out, &mut scratch);
+            }
+        });
+        let per = min / count as f64;
+        println!("n {n}: {:.1} us per matrix, {:.1} GB/s", per * 1e6, bytes as f64 / per / 1e9);
     }
 }

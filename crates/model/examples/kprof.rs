@@ -1,7 +1,7 @@
 //! Multi-row forward timing/profiling without the CLI:
 //! `cargo run --release -p model --example kprof -- MODEL K [threads] [iters]`.
-//! Prefills 64 tokens, then runs `iters` forwards of `K` rows with logits for all rows (truncating the cache
-//! back to 64 after each), and prints the median milliseconds. Meant for `valgrind --tool=callgrind` and
+//! Prefills 64 tokens (`KPROF_CTX=N`: N), then runs `iters` forwards of `K` rows with logits for all rows
+//! (`KPROF_NOHEAD=1`: none; truncating the cache back after each), and prints the median milliseconds. Meant for `valgrind --tool=callgrind` and
 //! `perf record` A/B comparisons of the multi-row path.
 use model::{KvCache, Logits, Model, Workspace};
 use std::time::Instant;
@@ -16,7 +16,8 @@ fn main() {
     let iters: usize = args.get(4).map_or(5, |s| s.parse().unwrap());
     let mut ws = Workspace::new(threads);
     let mut h = Vec::new();
-    let prompt: Vec<u32> = (0..64u32).map(|i| 100 + i * 7).collect();
+    let ctx: u32 = std::env::var("KPROF_CTX").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let prompt: Vec<u32> = (0..ctx).map(|i| 100 + (i * 7) % 20000).collect();
     let mut kv = m.new_cache(prompt.len() + k + 1);
     m.forward(&prompt, &mut kv, &mut ws, &mut h, Logits::None).unwrap();
     let ids: Vec<u32> = (0..k as u32).map(|i| 300 + i * 11).collect();
@@ -40,7 +41,8 @@ fn measure(m: &Model, ids: &[u32], iters: usize, kv: &mut KvCache, ws: &mut Work
     let mut times = Vec::new();
     for _ in 0..iters {
         let t0 = Instant::now();
-        m.forward(ids, kv, ws, h, Logits::All).unwrap();
+        m.forward(ids, kv, ws, h, if std::env::var("KPROF_NOHEAD").is_ok() { Logits::None } else { Logits::All })
+            .unwrap();
         times.push(t0.elapsed().as_secs_f64() * 1e3);
         kv.truncate(base);
     }

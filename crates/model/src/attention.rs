@@ -1,10 +1,12 @@
 //! Attention of a batch of rows over one layer's KV cache (keys and values stored as f16): the per-layer work
 //! that grows with the context, and with every extra row of a speculative tree.
 //!
-//! Per (row, head) task:
+//! Per (row, head) — one task serves a row and one or more heads of the same KV group
+//! ([`Attention::heads_per_task`]), loading and converting each key and value row once for all of them:
 //! 1. the positions the row sees — every cached slot (subject to the sliding window), then the batch's own rows
 //!    allowed by the causal or tree mask — are listed in slot order;
-//! 2. their scores `q·k · scale` (eight keys at a time);
+//! 2. their scores `q·k · scale` (eight keys at a time; [`dot`] defines the summation: sixteen lanes of fused
+//!    multiply-adds, so that one AVX-512 register or two AVX2 ones hold them);
 //! 3. an exact softmax: the maximum first, then `exp(score − max)` ([`exp_nonpositive`], a polynomial that the
 //!    vector code evaluates with the same operations), summed in eight lanes;
 //! 4. `Σ w·v` in f32, in two partial sums, scaled by `1 / Σ w`.
@@ -12,18 +14,28 @@
 //! Every lane and partial sum is chosen by a position's **rank** among the visible ones, never by its cache slot,
 //! so a row's result depends only on the ordered (key, value) pairs it sees: a draft-tree node whose ancestors sit
 //! at scattered slots computes bit for bit what dense decoding computes for the same token at the same position,
-//! and a token's result does not depend on the batch it is computed in. The AVX2 kernels equal the portable ones
-//! bit for bit (same lanes, same order; FMA exactly where the portable code calls `mul_add`).
+//! and a token's result does not depend on the batch it is computed in. The AVX2 and AVX-512 kernels equal the
+//! portable ones bit for bit (same lanes, same order; FMA exactly where the portable code calls `mul_add`).
+//!
+//! Scheduling ([`Attention::run_split`]): tasks are numbered KV head first and each thread takes a contiguous
+//! share, so that a thread reads only its own KV heads' part of the cache; that traffic, from beyond the core's own
+//! caches, is most of what attention costs at long contexts.
+//!
+//! Session 18 widened the dot product from eight lanes of multiply-then-add to sixteen lanes of FMA, added the
+//! AVX-512 kernels, the shared heads and the KV-head-major split. Measured with `kprof` (`KPROF_NOHEAD=1
+//! KPROF_CTX=C kprof SmolLM2 K 2 60`, median of three alternating runs, ms per forward, before → after): 100
+//! tokens of context 6.75 → 6.65 (1 row), 9.17 → 8.52 (3 rows); 500 tokens 9.26 → 8.26, 17.3 → 12.8; 1,500 tokens
+//! 15.1 → 11.7, 27.1 → 20.3, 50.7 → 35.8 (6 rows).
 //!
 //! Until session 15 this followed llama.cpp's CPU flash attention (online softmax, V accumulated in f16, one
 //! dependent rounding per position): ~56 cycles per head and position on the 2-core machine, 16% of decoding and
 //! the largest per-row cost of a tree verification. The f32 accumulation is more exact than llama.cpp's, and the
 //! reference tests (`tests/reference.rs`) bound how far our logits may drift from its own.
 
-use crate::blocks::{dot_f16, f16_to_f32};
+use crate::blocks::f16_to_f32;
 use crate::model::{Mask, SharedMut};
 
-/// The attention of a batch over one layer's KV cache: one task per (row, head).
+/// The attention of a batch over one layer's KV cache: one task per row and set of heads of one KV group.
 pub(crate) struct Attention<'a> {
     /// Queries, `n × qd` (rounded to f16 values).
     pub q: &'a [f32],
@@ -58,60 +70,153 @@ pub(crate) struct Attention<'a> {
     pub att: SharedMut,
 }
 
-/// Floats of scratch one work item needs per slot of the layer (cached and new): the scores and the visible slots.
-pub(crate) const SCRATCH_PER_SLOT: usize = 2;
+/// Most query heads one task serves from the same keys and values ([`Attention::heads_per_task`]).
+pub(crate) const MAX_HPT: usize = 4;
+
+/// Floats of scratch one thread needs per slot of the layer (cached and new): the visible slots and up to
+/// [`MAX_HPT`] heads' scores.
+pub(crate) const SCRATCH_PER_SLOT: usize = 1 + MAX_HPT;
+
+/// Most contiguous shares [`Attention::run_split`] divides the tasks into (more threads help with them).
+pub(crate) const MAX_SHARES: usize = 16;
+
+/// Up to [`MAX_HPT`] query vectors (the heads of one task), `len` of them in use.
+pub(crate) struct Queries<'a> {
+    q: [&'a [f32]; MAX_HPT],
+    len: usize,
+}
+
+impl<'a> Queries<'a> {
+    fn iter(&self) -> impl Iterator<Item = &'a [f32]> + '_ {
+        self.q[..self.len].iter().copied()
+    }
+}
 
 impl Attention<'_> {
-    /// Runs `tasks` (task = row * n_head + head), using `sc` (`SCRATCH_PER_SLOT * total` floats) as scratch.
-    pub(crate) fn run(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
+    /// Query heads per task: heads of one KV group share a task (each key and value row is then loaded and
+    /// converted once for all of them), as many as keep the threads busy. With `T` tasks on `P` threads the slowest
+    /// thread runs `⌈T / P⌉` of them, and a task of `h` heads was measured to cost about `√h` one-head tasks
+    /// (SmolLM2, one row at 1,500 tokens of context: 3 heads per task 12.3–13.2 ms per forward against 14.7–15.3
+    /// with one; Gemma 3: 2 heads per task best for 1 and 3 rows), so `h` minimises `⌈T / P⌉² · h`.
+    pub(crate) fn heads_per_task(&self, threads: usize) -> usize {
+        let cost = |hpt: usize| (self.n * self.n_head / hpt).div_ceil(threads.max(1)).pow(2) * hpt;
+        (1..=self.group.min(MAX_HPT))
+            .filter(|&hpt| self.group % hpt == 0)
+            .min_by_key(|&hpt| (cost(hpt), usize::MAX - hpt))
+            .unwrap_or(1)
+    }
+
+    /// Runs `tasks` of `hpt` heads each, using `sc` (`SCRATCH_PER_SLOT * total` floats) as scratch. Tasks are
+    /// numbered KV head first (task = (kv head · rows + row) · (group / hpt) + head set within the group), so that
+    /// a contiguous run of tasks reads few KV heads' keys and values: see [`Attention::run_split`].
+    pub(crate) fn run(&self, tasks: std::ops::Range<usize>, hpt: usize, sc: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
+            if avx512::available() {
+                // SAFETY: the CPU has the features enabled for `run_avx512`.
+                return unsafe { self.run_avx512(tasks, hpt, sc) };
+            }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
                 // SAFETY: the CPU has the features enabled for `run_avx2`.
-                return unsafe { self.run_avx2(tasks, sc) };
+                return unsafe { self.run_avx2(tasks, hpt, sc) };
             }
         }
-        self.run_generic(tasks, sc, dot_f16, |q, ks| ks.map(|k| dot_f16(q, k)), exp_sum, weigh)
+        self.run_generic(tasks, hpt, sc, dot, dot8_each(|q, ks| ks.map(|k| dot(q, k))), exp_sum, weigh_each(weigh))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    unsafe fn run_avx512(&self, tasks: std::ops::Range<usize>, hpt: usize, sc: &mut [f32]) {
+        // SAFETY (every closure): this function is only entered when the AVX-512 kernels' features are available.
+        self.run_generic(
+            tasks,
+            hpt,
+            sc,
+            |a, b| unsafe { avx2::dot(a, b) },
+            |qs, ks, out| unsafe { avx512::dot8(qs, ks, out) },
+            |w, m| unsafe { avx2::exp_sum(w, m) },
+            |ws, rows, outs, invs| unsafe { avx512::weigh(ws, rows, outs, invs) },
+        )
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_avx2(&self, tasks: std::ops::Range<usize>, sc: &mut [f32]) {
+    unsafe fn run_avx2(&self, tasks: std::ops::Range<usize>, hpt: usize, sc: &mut [f32]) {
         // SAFETY (every closure): this function is only entered when avx2, fma and f16c are available.
         self.run_generic(
             tasks,
+            hpt,
             sc,
             |a, b| unsafe { avx2::dot(a, b) },
-            |q, ks| unsafe { avx2::dot8(q, ks) },
+            dot8_each(|q, ks| unsafe { avx2::dot8(q, ks) }),
             |w, m| unsafe { avx2::exp_sum(w, m) },
-            |w, rows, out, inv| unsafe { avx2::weigh(w, rows, out, inv) },
+            weigh_each(|w, rows, out, inv| unsafe { avx2::weigh(w, rows, out, inv) }),
         )
     }
 
-    /// The tasks, with `dot` a query's dot product with one f16 key, `dot8` the same with eight keys (each
-    /// bit-identical to `dot`), `exp_sum` [`exp_sum`] and `weigh` [`weigh`] or their vector versions.
+    /// Runs every task on `pool`: each thread takes a contiguous share of the tasks (so that it reads only its
+    /// own KV heads' part of the cache instead of every thread reading all of it), claiming them a few at a time,
+    /// then helps with the others' unclaimed ones. `scratch` holds `SCRATCH_PER_SLOT * total` floats per thread.
+    pub(crate) fn run_split(&self, pool: &kernels::ThreadPool, scratch: &mut [f32]) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let hpt = self.heads_per_task(pool.n_threads());
+        let n_tasks = self.n * self.n_head / hpt;
+        let per_thread_scratch = SCRATCH_PER_SLOT * self.total;
+        let shares = pool.n_threads().min(n_tasks).min(MAX_SHARES);
+        assert!(scratch.len() >= shares * per_thread_scratch, "attention scratch too small");
+        let bounds = |t: usize| t * n_tasks / shares;
+        // Tasks claimed per step: a few, so that a thread that falls behind leaves work to the others.
+        let step = n_tasks.div_ceil(shares * 4).max(1);
+        let next: [AtomicUsize; MAX_SHARES] =
+            std::array::from_fn(|t| AtomicUsize::new(if t < shares { bounds(t) } else { 0 }));
+        let sc = SharedMut(scratch.as_mut_ptr());
+        pool.run_items(shares, &|me| {
+            // SAFETY: each of the `shares` items owns its scratch slice.
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(sc.get().add(me * per_thread_scratch), per_thread_scratch) };
+            for t in (me..shares).chain(0..me) {
+                let end = bounds(t + 1);
+                loop {
+                    let start = next[t].fetch_add(step, Ordering::Relaxed);
+                    if start >= end {
+                        break;
+                    }
+                    self.run(start..(start + step).min(end), hpt, sc);
+                }
+            }
+        });
+    }
+
+    /// The tasks, with `dot` a query's dot product with one f16 key, `dot8` the same for each of a task's
+    /// queries with eight keys (each bit-identical to `dot`), `exp_sum` [`exp_sum`] and `weigh` [`weigh`] for each
+    /// of a task's queries, or their vector versions.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn run_generic(
         &self,
         tasks: std::ops::Range<usize>,
+        hpt: usize,
         sc: &mut [f32],
         dot: impl Fn(&[f32], &[u16]) -> f32,
-        dot8: impl Fn(&[f32], [&[u16]; 8]) -> [f32; 8],
+        dot8: impl Fn(&Queries, [&[u16]; 8], &mut [[f32; 8]; MAX_HPT]),
         exp_sum: impl Fn(&mut [f32], f32) -> f32,
-        weigh: impl Fn(&[f32], &ValueRows, &mut [f32], f32),
+        weigh: impl Fn(&[&[f32]], &ValueRows, &mut [&mut [f32]], &[f32]),
     ) {
         let Attention { q, kc, vc, pc, positions, mask, window, base, total, n, qd, kvd, vd, hd, hdv, .. } = *self;
-        let (scores, rest) = sc.split_at_mut(total);
-        // SAFETY: `rest` holds `total` floats; u32 has the size and alignment of f32 and any bits are valid.
-        let slots = unsafe { std::slice::from_raw_parts_mut(rest.as_mut_ptr() as *mut u32, total) };
+        assert!((1..=MAX_HPT).contains(&hpt) && self.group % hpt == 0 && sc.len() >= SCRATCH_PER_SLOT * total);
+        let (slots, all_scores) = sc.split_at_mut(total);
+        // SAFETY: `slots` holds `total` floats; u32 has the size and alignment of f32 and any bits are valid.
+        let slots = unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr() as *mut u32, total) };
+        let subs = self.group / hpt;
+        let per_kv = n * subs;
         let mut listed_row = usize::MAX;
         let mut nv = 0;
         for task in tasks {
-            let (j, h) = (task / self.n_head, task % self.n_head);
-            let kvh = h / self.group;
+            let (kvh, rest) = (task / per_kv, task % per_kv);
+            let (j, h0) = (rest / subs, kvh * self.group + (rest % subs) * hpt);
             // 1. The visible slots in order (shared by the row's heads).
             if j != listed_row {
                 listed_row = j;
@@ -131,30 +236,73 @@ impl Attention<'_> {
                 }
             }
             let slots = &slots[..nv];
-            let scores = &mut scores[..nv];
+            let mut scores: [&mut [f32]; MAX_HPT] = Default::default();
+            for (i, chunk) in all_scores.chunks_exact_mut(total).take(hpt).enumerate() {
+                scores[i] = &mut chunk[..nv];
+            }
             // 2. Scores, eight keys at a time.
-            let qv = &q[j * qd + h * hd..j * qd + (h + 1) * hd];
+            let qs = Queries { q: std::array::from_fn(|i| &q[j * qd + (h0 + i.min(hpt - 1)) * hd..][..hd]), len: hpt };
             let key = |s: u32| &kc[s as usize * kvd + kvh * hd..s as usize * kvd + (kvh + 1) * hd];
+            let mut d = [[0f32; 8]; MAX_HPT];
             let mut r = 0;
             while r + 8 <= nv {
-                let d = dot8(qv, std::array::from_fn(|i| key(slots[r + i])));
-                for i in 0..8 {
-                    scores[r + i] = d[i] * self.scale;
+                for &s in slots.iter().skip(r + PREFETCH_KEYS).take(8) {
+                    prefetch(key(s));
+                }
+                dot8(&qs, std::array::from_fn(|i| key(slots[r + i])), &mut d);
+                for (sc, d) in scores.iter_mut().zip(&d).take(hpt) {
+                    for i in 0..8 {
+                        sc[r + i] = d[i] * self.scale;
+                    }
                 }
                 r += 8;
             }
             for r in r..nv {
-                scores[r] = dot(qv, key(slots[r])) * self.scale;
+                for (sc, qv) in scores.iter_mut().zip(qs.iter()) {
+                    sc[r] = dot(qv, key(slots[r])) * self.scale;
+                }
             }
             // 3. Softmax weights.
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let sum = exp_sum(scores, max);
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let mut invs = [0f32; MAX_HPT];
+            for (sc, inv) in scores.iter_mut().zip(invs.iter_mut()).take(hpt) {
+                let max = sc.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                let sum = exp_sum(sc, max);
+                *inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            }
             // 4. The weighted values.
-            // SAFETY: each task writes only its own (row, head) range of the output.
-            let out = unsafe { std::slice::from_raw_parts_mut(self.att.get().add(j * self.att_d + h * hdv), hdv) };
+            let mut outs: [&mut [f32]; MAX_HPT] = Default::default();
+            for (i, out) in outs.iter_mut().enumerate().take(hpt) {
+                // SAFETY: each task writes only its own heads' ranges of row j's output.
+                *out =
+                    unsafe { std::slice::from_raw_parts_mut(self.att.get().add(j * self.att_d + (h0 + i) * hdv), hdv) };
+            }
             let rows = ValueRows { vc, slots, stride: vd, offset: kvh * hdv };
-            weigh(scores, &rows, out, inv);
+            let weights: [&[f32]; MAX_HPT] = std::array::from_fn(|i| &*scores[i]);
+            weigh(&weights[..hpt], &rows, &mut outs[..hpt], &invs[..hpt]);
+        }
+    }
+}
+
+/// A multi-query `dot8` from a one-query one: each query in turn (the portable and AVX2 paths).
+#[inline(always)]
+fn dot8_each(
+    one: impl Fn(&[f32], [&[u16]; 8]) -> [f32; 8],
+) -> impl Fn(&Queries, [&[u16]; 8], &mut [[f32; 8]; MAX_HPT]) {
+    move |qs, ks, out| {
+        for (o, q) in out.iter_mut().zip(qs.iter()) {
+            *o = one(q, ks);
+        }
+    }
+}
+
+/// A multi-query `weigh` from a one-query one: each query in turn.
+#[inline(always)]
+fn weigh_each(
+    one: impl Fn(&[f32], &ValueRows, &mut [f32], f32),
+) -> impl Fn(&[&[f32]], &ValueRows, &mut [&mut [f32]], &[f32]) {
+    move |ws, rows, outs, invs| {
+        for ((w, out), &inv) in ws.iter().zip(outs.iter_mut()).zip(invs) {
+            one(w, rows, out, inv);
         }
     }
 }
@@ -172,6 +320,53 @@ impl ValueRows<'_> {
         let start = self.slots[r] as usize * self.stride + self.offset;
         &self.vc[start..start + len]
     }
+}
+
+/// How many keys ahead of the eight being dotted their successors are prefetched: the cache is read once per
+/// token and layer, mostly from beyond the core's own caches.
+const PREFETCH_KEYS: usize = 16;
+
+/// Asks for the cache lines of `row` (f16 bits) to be brought into L1.
+#[inline(always)]
+fn prefetch(row: &[u16]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (p, bytes) = (row.as_ptr() as *const i8, std::mem::size_of_val(row));
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch hint inside `row`; it cannot fault.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(off)) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// Lanes of a query–key dot product ([`dot`]).
+const DOT_LANES: usize = 16;
+
+/// `q · k` (keys as f16 bits), summed exactly as every vector version does: lane `l < 16` accumulates elements
+/// `l, l + 16, l + 32, …` by fused multiply-adds; then the lanes are added as `(a₀ + a₈) + (a₁ + a₉) + … + (a₇ +
+/// a₁₅)` from the left; then any tail (`len % 16` elements) by fused multiply-adds in order.
+fn dot(q: &[f32], k: &[u16]) -> f32 {
+    let len = q.len().min(k.len());
+    let chunks = len / DOT_LANES;
+    let mut acc = [0f32; DOT_LANES];
+    for c in 0..chunks {
+        for (l, a) in acc.iter_mut().enumerate() {
+            let i = c * DOT_LANES + l;
+            *a = q[i].mul_add(f16_to_f32(k[i]), *a);
+        }
+    }
+    let mut sum = acc[0] + acc[8];
+    for l in 1..8 {
+        sum += acc[l] + acc[l + 8];
+    }
+    for i in chunks * DOT_LANES..len {
+        sum = q[i].mul_add(f16_to_f32(k[i]), sum);
+    }
+    sum
 }
 
 const EXP_MIN: f32 = -87.0;
@@ -238,47 +433,60 @@ mod avx2 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 
-    /// [`crate::blocks::dot_f16`] with explicit vectors: the same eight lane accumulators (multiply, then add; no
-    /// FMA) and the same final summation order.
+    /// [`super::dot`] with explicit vectors: lanes 0–7 and 8–15 in two registers, added lane by lane, then the
+    /// eight sums from the left, then the same scalar tail.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(super) unsafe fn dot(a: &[f32], b: &[u16]) -> f32 {
-        let len = a.len().min(b.len());
-        let chunks = a.len() / 8;
-        assert!(chunks * 8 <= len);
-        let mut acc = _mm256_setzero_ps();
+    pub(super) unsafe fn dot(q: &[f32], k: &[u16]) -> f32 {
+        let len = q.len().min(k.len());
+        let chunks = len / 16;
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for c in 0..chunks {
-            acc = _mm256_add_ps(
-                acc,
-                _mm256_mul_ps(_mm256_loadu_ps(a.as_ptr().add(c * 8)), load_f16x8(b.as_ptr().add(c * 8))),
-            );
+            let (qp, kp) = (q.as_ptr().add(16 * c), k.as_ptr().add(16 * c));
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qp), load_f16x8(kp), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8)), load_f16x8(kp.add(8)), hi);
         }
         let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut sum: f32 = lanes.iter().sum();
-        for i in chunks * 8..a.len() {
-            sum += a[i] * f16_to_f32(b[i]);
+        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(lo, hi));
+        let mut sum = lanes[1..].iter().fold(lanes[0], |s, &l| s + l);
+        for i in chunks * 16..len {
+            sum = q[i].mul_add(f16_to_f32(k[i]), sum);
         }
         sum
     }
 
-    /// [`dot`] of one query `q` with eight keys, bit-identical to eight calls: the same lane accumulators, then
-    /// the eight reductions at once (an 8 × 8 transpose, lanes added in the same order), then the same scalar
-    /// tail. Eight independent accumulation chains instead of one keep the adder busy.
+    /// [`dot`] of one query `q` with eight keys, bit-identical to eight calls: the same lane accumulators (four
+    /// keys at a time, two registers each), then the eight reductions at once ([`reduce8`]), then the same scalar
+    /// tail.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(super) unsafe fn dot8(q: &[f32], ks: [&[u16]; 8]) -> [f32; 8] {
         let len = ks.iter().fold(q.len(), |m, k| m.min(k.len()));
-        let chunks = q.len() / 8;
-        assert!(chunks * 8 <= len);
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for c in 0..chunks {
-            let x = _mm256_loadu_ps(q.as_ptr().add(c * 8));
-            for (acc, k) in acc.iter_mut().zip(&ks) {
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(x, load_f16x8(k.as_ptr().add(c * 8))));
+        let chunks = len / 16;
+        let mut v = [_mm256_setzero_ps(); 8];
+        for half in 0..2 {
+            let ks = &ks[4 * half..4 * half + 4];
+            let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+            for c in 0..chunks {
+                let (xl, xh) = (_mm256_loadu_ps(q.as_ptr().add(16 * c)), _mm256_loadu_ps(q.as_ptr().add(16 * c + 8)));
+                for i in 0..4 {
+                    let kp = ks[i].as_ptr().add(16 * c);
+                    lo[i] = _mm256_fmadd_ps(xl, load_f16x8(kp), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(xh, load_f16x8(kp.add(8)), hi[i]);
+                }
+            }
+            for i in 0..4 {
+                v[4 * half + i] = _mm256_add_ps(lo[i], hi[i]);
             }
         }
-        // Transpose: t[l] holds lane l of the eight accumulators.
+        finish8(q, &ks, chunks * 16, reduce8(v))
+    }
+
+    /// Lane sums of eight registers, each from the left (lane 0 + lane 1 + …): an 8 × 8 transpose, then the
+    /// transposed rows added in order.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn reduce8(acc: [__m256; 8]) -> [f32; 8] {
         let (u0, u1) = (_mm256_unpacklo_ps(acc[0], acc[1]), _mm256_unpackhi_ps(acc[0], acc[1]));
         let (u2, u3) = (_mm256_unpacklo_ps(acc[2], acc[3]), _mm256_unpackhi_ps(acc[2], acc[3]));
         let (u4, u5) = (_mm256_unpacklo_ps(acc[4], acc[5]), _mm256_unpackhi_ps(acc[4], acc[5]));
@@ -300,9 +508,15 @@ mod avx2 {
         let sum = t[1..].iter().fold(t[0], |s, &l| _mm256_add_ps(s, l));
         let mut out = [0f32; 8];
         _mm256_storeu_ps(out.as_mut_ptr(), sum);
-        for (o, k) in out.iter_mut().zip(&ks) {
-            for i in chunks * 8..q.len() {
-                *o += q[i] * f16_to_f32(k[i]);
+        out
+    }
+
+    /// The scalar tails (elements `from..`) of eight dot products, added to their vector sums `out`.
+    #[inline(always)]
+    pub(super) fn finish8(q: &[f32], ks: &[&[u16]; 8], from: usize, mut out: [f32; 8]) -> [f32; 8] {
+        for (o, k) in out.iter_mut().zip(ks) {
+            for i in from..q.len().min(k.len()) {
+                *o = q[i].mul_add(f16_to_f32(k[i]), *o);
             }
         }
         out
@@ -408,6 +622,180 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! AVX-512 (F, VL) versions of the dot products and the weighted values, bit-identical to the portable ones:
+    //! one 16-float register holds a dot product's sixteen lanes, or sixteen elements of a value sum.
+
+    use super::ValueRows;
+    use std::arch::x86_64::*;
+
+    /// Whether the CPU has what these kernels need (AVX-512 F and VL besides AVX2, FMA and F16C).
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
+    /// Value rows prefetched ahead of the pair being weighed.
+    const PREFETCH_ROWS: usize = 8;
+
+    /// Sixteen f16 values (bits at `p`) as f32 (exact).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load_f16x16(p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    /// The low and high eight lanes of `a`, added lane by lane (as the portable dot product adds lanes `l` and
+    /// `l + 8`).
+    #[target_feature(enable = "avx512f,avx2")]
+    #[inline]
+    unsafe fn fold_halves(a: __m512) -> __m256 {
+        _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))))
+    }
+
+    /// [`super::avx2::dot8`] for each of the task's queries: each key chunk is loaded and converted once for all
+    /// of them, one 16-lane register per (query, key) accumulates as the portable code does, and the lanes are
+    /// reduced by the same transpose.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn dot8(qs: &super::Queries, ks: [&[u16]; 8], out: &mut [[f32; 8]; super::MAX_HPT]) {
+        match qs.len {
+            1 => dot8_h::<1>(qs, ks, out),
+            2 => dot8_h::<2>(qs, ks, out),
+            3 => dot8_h::<3>(qs, ks, out),
+            _ => dot8_h::<4>(qs, ks, out),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot8_h<const H: usize>(qs: &super::Queries, ks: [&[u16]; 8], out: &mut [[f32; 8]; super::MAX_HPT]) {
+        let len = ks.iter().map(|k| k.len()).chain(qs.q[..H].iter().map(|q| q.len())).min().unwrap_or(0);
+        let chunks = len / 16;
+        let mut v = [[_mm256_setzero_ps(); 8]; H];
+        for half in 0..2 {
+            let mut acc = [[_mm512_setzero_ps(); 4]; H];
+            for c in 0..chunks {
+                let kv: [__m512; 4] = std::array::from_fn(|i| load_f16x16(ks[4 * half + i].as_ptr().add(16 * c)));
+                for (acc, q) in acc.iter_mut().zip(&qs.q[..H]) {
+                    let x = _mm512_loadu_ps(q.as_ptr().add(16 * c));
+                    for i in 0..4 {
+                        acc[i] = _mm512_fmadd_ps(x, kv[i], acc[i]);
+                    }
+                }
+            }
+            for (v, acc) in v.iter_mut().zip(&acc) {
+                for i in 0..4 {
+                    v[4 * half + i] = fold_halves(acc[i]);
+                }
+            }
+        }
+        for ((o, v), q) in out.iter_mut().zip(v).zip(&qs.q[..H]) {
+            *o = super::avx2::finish8(q, &ks, chunks * 16, super::avx2::reduce8(v));
+        }
+    }
+
+    /// [`super::weigh`] for each of the task's queries (weights `ws[i]`, output `outs[i]`, scale `invs[i]`): per
+    /// element the same two partial sums of fused multiply-adds; each value row is loaded and converted once for
+    /// all queries, 32 elements at a time, then 16, then the portable code for a tail.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn weigh(ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
+        match ws.len() {
+            1 => weigh_h::<1>(ws, rows, outs, invs),
+            2 => weigh_h::<2>(ws, rows, outs, invs),
+            3 => weigh_h::<3>(ws, rows, outs, invs),
+            _ => weigh_h::<4>(ws, rows, outs, invs),
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn weigh_h<const H: usize>(ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
+        assert!(ws.len() == H && outs.len() == H && invs.len() == H);
+        let len = outs[0].len();
+        let nr = ws[0].len();
+        assert!(outs.iter().all(|o| o.len() == len) && ws.iter().all(|w| w.len() == nr));
+        // Every row checked once, then read without bounds checks in the loops below.
+        assert!(nr <= rows.slots.len());
+        assert!(rows.slots[..nr].iter().all(|&s| s as usize * rows.stride + rows.offset + len <= rows.vc.len()));
+        let (vp, slots) = (rows.vc.as_ptr().add(rows.offset), rows.slots.as_ptr());
+        let base = |r: usize| vp.add(*slots.add(r) as usize * rows.stride);
+        let wp: [*const f32; H] = std::array::from_fn(|i| ws[i].as_ptr());
+        let mut c0 = 0;
+        macro_rules! block {
+            ($nv:literal) => {{
+                let mut even = [[_mm512_setzero_ps(); $nv]; H];
+                let mut odd = [[_mm512_setzero_ps(); $nv]; H];
+                let mut r = 0;
+                while r + 2 <= nr {
+                    let (p0, p1) = (base(r).add(c0), base(r + 1).add(c0));
+                    if c0 == 0 && r + 2 + PREFETCH_ROWS <= nr {
+                        for p in [base(r + PREFETCH_ROWS), base(r + PREFETCH_ROWS + 1)] {
+                            for l in (0..len).step_by(32) {
+                                _mm_prefetch::<_MM_HINT_T0>(p.add(l) as *const i8);
+                            }
+                        }
+                    }
+                    let v0: [__m512; $nv] = std::array::from_fn(|i| load_f16x16(p0.add(16 * i)));
+                    let v1: [__m512; $nv] = std::array::from_fn(|i| load_f16x16(p1.add(16 * i)));
+                    for h in 0..H {
+                        let (w0, w1) = (_mm512_set1_ps(*wp[h].add(r)), _mm512_set1_ps(*wp[h].add(r + 1)));
+                        for i in 0..$nv {
+                            even[h][i] = _mm512_fmadd_ps(w0, v0[i], even[h][i]);
+                            odd[h][i] = _mm512_fmadd_ps(w1, v1[i], odd[h][i]);
+                        }
+                    }
+                    r += 2;
+                }
+                if r < nr {
+                    let p0 = base(r).add(c0);
+                    let v0: [__m512; $nv] = std::array::from_fn(|i| load_f16x16(p0.add(16 * i)));
+                    for h in 0..H {
+                        let w0 = _mm512_set1_ps(*wp[h].add(r));
+                        for i in 0..$nv {
+                            even[h][i] = _mm512_fmadd_ps(w0, v0[i], even[h][i]);
+                        }
+                    }
+                }
+                for h in 0..H {
+                    let inv = _mm512_set1_ps(invs[h]);
+                    for i in 0..$nv {
+                        _mm512_storeu_ps(
+                            outs[h].as_mut_ptr().add(c0 + 16 * i),
+                            _mm512_mul_ps(_mm512_add_ps(even[h][i], odd[h][i]), inv),
+                        );
+                    }
+                }
+                c0 += 16 * $nv;
+            }};
+        }
+        if H <= 2 {
+            while c0 + 64 <= len {
+                block!(4);
+            }
+        }
+        while c0 + 32 <= len {
+            block!(2);
+        }
+        while c0 + 16 <= len {
+            block!(1);
+        }
+        if c0 < len {
+            let shifted = ValueRows { vc: rows.vc, slots: rows.slots, stride: rows.stride, offset: rows.offset + c0 };
+            for h in 0..H {
+                let mut tail = vec![0f32; len - c0];
+                super::weigh(ws[h], &shifted, &mut tail, invs[h]);
+                outs[h][c0..].copy_from_slice(&tail);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,8 +822,9 @@ mod tests {
         assert!(exp_nonpositive(-1e30) > 0.0 && exp_nonpositive(-1e30).is_normal());
     }
 
-    /// The attention's vector kernels equal the portable ones bit for bit: dot products (eight at once and one
-    /// at a time), the exponentials and their sum, and the weighted values (with and without scalar tails).
+    /// The attention's vector kernels (AVX2, and AVX-512 where the CPU has it) equal the portable ones bit for
+    /// bit: dot products (eight at once and one at a time), the exponentials and their sum, and the weighted values
+    /// (with and without scalar tails).
     #[test]
     fn attention_vector_kernels_are_bit_identical() {
         #[cfg(target_arch = "x86_64")]
@@ -446,7 +835,7 @@ mod tests {
             let mut next = xorshift(0x2545_f491_4f6c_dd1d);
             let f16 = |v: f32| half::f16::from_f32(v).to_bits();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for len in [64, 72, 29, 8, 256, 40] {
+            for len in [64, 72, 29, 8, 256, 40, 16, 136, 200] {
                 let q: Vec<f32> = (0..len).map(|_| next()).collect();
                 let keys: Vec<Vec<u16>> = (0..8).map(|_| (0..len).map(|_| f16(next() * 1e3)).collect()).collect();
                 // SAFETY: the CPU has avx2, fma and f16c (checked above).
@@ -454,7 +843,22 @@ mod tests {
                 for (g, k) in got.iter().zip(&keys) {
                     let one = unsafe { avx2::dot(&q, k) };
                     assert_eq!(g.to_bits(), one.to_bits(), "len {len}: {g} vs {one}");
-                    assert_eq!(g.to_bits(), dot_f16(&q, k).to_bits(), "len {len}");
+                    assert_eq!(g.to_bits(), dot(&q, k).to_bits(), "len {len}");
+                }
+                if avx512::available() {
+                    // Up to MAX_HPT queries at once (the first is `q`), each as the portable code computes it.
+                    let more: Vec<Vec<f32>> = (0..MAX_HPT).map(|_| (0..len).map(|_| next()).collect()).collect();
+                    for h in 1..=MAX_HPT {
+                        let qs =
+                            Queries { q: std::array::from_fn(|i| if i == 0 { &q[..] } else { &more[i][..] }), len: h };
+                        let mut wide = [[0f32; 8]; MAX_HPT];
+                        // SAFETY: the CPU has what the AVX-512 kernels need (checked).
+                        unsafe { avx512::dot8(&qs, std::array::from_fn(|i| &keys[i][..]), &mut wide) };
+                        for (i, qv) in qs.iter().enumerate() {
+                            let want: Vec<f32> = keys.iter().map(|k| dot(qv, k)).collect();
+                            assert_eq!(bits(&wide[i]), bits(&want), "len {len}, {h} queries, query {i}");
+                        }
+                    }
                 }
                 for nr in [1, 2, 7, 8, 9, 33, 100] {
                     let scores: Vec<f32> = (0..nr).map(|_| next() * 20.0).collect();
@@ -475,6 +879,25 @@ mod tests {
                     // SAFETY: as above.
                     unsafe { avx2::weigh(&w, &rows, &mut got, 1.0 / sum) };
                     assert_eq!(bits(&got), bits(&want), "len {len} rows {nr}");
+                    if avx512::available() {
+                        // Up to MAX_HPT weight vectors over the same rows, each as the portable code weighs it.
+                        let ws: Vec<Vec<f32>> = (0..MAX_HPT)
+                            .map(|i| if i == 0 { w.clone() } else { w.iter().map(|x| x * next().abs()).collect() })
+                            .collect();
+                        for h in 1..=MAX_HPT {
+                            let mut outs: Vec<Vec<f32>> = vec![vec![1f32; len]; h];
+                            let invs: Vec<f32> = (0..h).map(|i| 1.0 / (sum + i as f32)).collect();
+                            let wr: Vec<&[f32]> = ws[..h].iter().map(|v| &v[..]).collect();
+                            let mut or: Vec<&mut [f32]> = outs.iter_mut().map(|v| &mut v[..]).collect();
+                            // SAFETY: as above.
+                            unsafe { avx512::weigh(&wr, &rows, &mut or, &invs) };
+                            for i in 0..h {
+                                let mut want = vec![0f32; len];
+                                weigh(&ws[i], &rows, &mut want, invs[i]);
+                                assert_eq!(bits(&outs[i]), bits(&want), "AVX-512, len {len} rows {nr}, {h} queries");
+                            }
+                        }
+                    }
                 }
             }
         }

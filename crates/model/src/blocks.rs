@@ -184,22 +184,6 @@ pub fn f16_to_f32(h: u16) -> f32 {
     half::f16::from_bits(h).to_f32()
 }
 
-/// [`dot`] of f32 `a` with f16 `b` (as bits): the same products in the same order.
-pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * f16_to_f32(b[c * 8 + l]);
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * f16_to_f32(b[i]);
-    }
-    sum
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@
 //! [`Model::forward`] chains them for the common case (all layers, causal, logits for chosen rows).
 
 use crate::arch;
-use crate::attention::{Attention, SCRATCH_PER_SLOT};
+use crate::attention::{Attention, MAX_SHARES, SCRATCH_PER_SLOT};
 use crate::blocks::{glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope_apply, rope_inv_freq};
 use crate::config::Config;
 use crate::error::ModelError;
@@ -69,9 +69,6 @@ pub struct Model {
 /// ~0.2 s and saves ~1–3 ms per 2-row product on the 2-core AVX-512 machine.
 pub const X8_AFTER_ROWS: usize = 256;
 
-/// Attention work items per pool thread (each a contiguous run of (row, head) tasks).
-const ATT_ITEMS_PER_THREAD: usize = 4;
-
 /// Elements per work item of the parallel gate activation.
 const ACT_CHUNK: usize = 512;
 
@@ -97,7 +94,7 @@ pub const SCREEN_AFTER_CALLS: usize = 256;
 
 /// A raw pointer that may be shared between pool threads writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
-pub(crate) struct SharedMut(*mut f32);
+pub(crate) struct SharedMut(pub(crate) *mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 impl SharedMut {
@@ -247,11 +244,10 @@ impl Model {
         self.append_kv(il, positions, kv, ws);
         let swa = c.layer_is_swa.get(il).copied().unwrap_or(false);
 
-        // Attention: one task per (row, head), spread over the pool.
+        // Attention: tasks of a row and one or more heads of a KV group, split over the pool by KV head.
         let n_threads = ws.pool.n_threads();
-        // Per item: every position's score and slot (see `Attention::run`).
-        let per_item_scratch = SCRATCH_PER_SLOT * total;
-        grow(&mut ws.scores, n_threads * ATT_ITEMS_PER_THREAD * per_item_scratch);
+        // Per thread: every position's score and slot (see `Attention::run_split`).
+        grow(&mut ws.scores, n_threads.min(MAX_SHARES) * SCRATCH_PER_SLOT * total);
         let lc = kv.layer_mut(il);
         let (kc, vc, pc) = (&lc.k[..], &lc.v[..], &lc.pos[..]);
         let window = if swa { c.sliding_window } else { None };
@@ -259,8 +255,6 @@ impl Model {
         let scale = c.attn_scale;
         let q = &ws.q[..];
         let att = SharedMut(ws.att.as_mut_ptr());
-        let scores = SharedMut(ws.scores.as_mut_ptr());
-        let n_tasks = n * c.n_head;
         let job = Attention {
             q,
             kc,
@@ -283,16 +277,7 @@ impl Model {
             scale,
             att,
         };
-        // Items of a few tasks, claimed dynamically (a descheduled thread then delays only its own item),
-        // at most ATT_ITEMS_PER_THREAD per thread so that each item has its own score scratch.
-        let per_item = n_tasks.div_ceil(n_threads * ATT_ITEMS_PER_THREAD);
-        let n_items = n_tasks.div_ceil(per_item);
-        ws.pool.run_items(n_items, &|i| {
-            // SAFETY: each item owns its scores slice and writes only the att rows of its own tasks.
-            let sc =
-                unsafe { std::slice::from_raw_parts_mut(scores.get().add(i * per_item_scratch), per_item_scratch) };
-            job.run(i * per_item..((i + 1) * per_item).min(n_tasks), sc);
-        });
+        job.run_split(&ws.pool, &mut ws.scores);
 
         let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);
