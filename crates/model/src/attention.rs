@@ -822,6 +822,80 @@ mod tests {
         assert!(exp_nonpositive(-1e30) > 0.0 && exp_nonpositive(-1e30).is_normal());
     }
 
+    /// A row's attention output does not depend on how many heads share a task, on the task ranges a thread runs,
+    /// or on the split across threads: the same bits for every heads-per-task choice of a group of 4 (1, 2, 4)
+    /// and of 3 (1, 3), with a tree mask over cached slots.
+    #[test]
+    fn attention_results_do_not_depend_on_the_task_split() {
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
+        let f16 = |v: f32| half::f16::from_f32(v).to_bits();
+        for (n_head, n_kv, hd) in [(8usize, 2usize, 64usize), (6, 2, 32), (4, 1, 80)] {
+            let (n, base) = (4usize, 37usize);
+            let total = base + n;
+            let (qd, kvd) = (n_head * hd, n_kv * hd);
+            let q: Vec<f32> = (0..n * qd).map(|_| f16_to_f32(f16(next()))).collect();
+            let kc: Vec<u16> = (0..total * kvd).map(|_| f16(next())).collect();
+            let vc: Vec<u16> = (0..total * kvd).map(|_| f16(next())).collect();
+            let pc: Vec<u32> = (0..total as u32).collect();
+            let positions: Vec<u32> = vec![37, 38, 38, 39];
+            // A small tree: row 0 the root, rows 1 and 2 its children, row 3 a child of row 1.
+            let allowed: Vec<bool> = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+                .iter()
+                .flat_map(|r| r.iter().map(|&b| b == 1))
+                .collect();
+            let group = n_head / n_kv;
+            let job = |att: &mut [f32]| Attention {
+                q: &q,
+                kc: &kc,
+                vc: &vc,
+                pc: &pc,
+                positions: &positions,
+                mask: Mask::Allowed(&allowed),
+                window: None,
+                base,
+                total,
+                n,
+                qd,
+                kvd,
+                vd: kvd,
+                hd,
+                hdv: hd,
+                att_d: qd,
+                n_head,
+                group,
+                scale: 0.125,
+                att: SharedMut(att.as_mut_ptr()),
+            };
+            let bits = |att: &[f32]| att.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let run = |hpt: usize, chunk: usize| {
+                let mut att = vec![0f32; n * qd];
+                let mut sc = vec![0f32; SCRATCH_PER_SLOT * total];
+                let tasks = n * n_head / hpt;
+                for start in (0..tasks).step_by(chunk) {
+                    job(&mut att).run(start..(start + chunk).min(tasks), hpt, &mut sc);
+                }
+                bits(&att)
+            };
+            let want = run(1, 1);
+            assert!(want.iter().any(|&b| b != 0));
+            for hpt in (1..=group.min(MAX_HPT)).filter(|h| group % h == 0) {
+                for chunk in [1, 3, 1000] {
+                    assert_eq!(
+                        run(hpt, chunk),
+                        want,
+                        "{n_head} heads, {n_kv} KV heads: {hpt} per task, runs of {chunk}"
+                    );
+                }
+            }
+            // And through the pool, as a forward runs it.
+            let pool = kernels::ThreadPool::new(2);
+            let mut att = vec![0f32; n * qd];
+            let mut sc = vec![0f32; 2 * SCRATCH_PER_SLOT * total];
+            job(&mut att).run_split(&pool, &mut sc);
+            assert_eq!(bits(&att), want);
+        }
+    }
+
     /// The attention's vector kernels (AVX2, and AVX-512 where the CPU has it) equal the portable ones bit for
     /// bit: dot products (eight at once and one at a time), the exponentials and their sum, and the weighted values
     /// (with and without scalar tails).
