@@ -78,7 +78,7 @@ pub(crate) const MAX_HPT: usize = 4;
 pub(crate) const SCRATCH_PER_SLOT: usize = 1 + MAX_HPT;
 
 /// Most contiguous shares [`Attention::run_split`] divides the tasks into (more threads help with them).
-pub(crate) const MAX_SHARES: usize = 16;
+pub(crate) use kernels::pool::MAX_SHARES;
 
 /// Up to [`MAX_HPT`] query vectors (the heads of one task), `len` of them in use.
 pub(crate) struct Queries<'a> {
@@ -161,32 +161,18 @@ impl Attention<'_> {
     /// own KV heads' part of the cache instead of every thread reading all of it), claiming them a few at a time,
     /// then helps with the others' unclaimed ones. `scratch` holds `SCRATCH_PER_SLOT * total` floats per thread.
     pub(crate) fn run_split(&self, pool: &kernels::ThreadPool, scratch: &mut [f32]) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let hpt = self.heads_per_task(pool.n_threads());
         let n_tasks = self.n * self.n_head / hpt;
         let per_thread_scratch = SCRATCH_PER_SLOT * self.total;
         let shares = pool.n_threads().min(n_tasks).min(MAX_SHARES);
         assert!(scratch.len() >= shares * per_thread_scratch, "attention scratch too small");
-        let bounds = |t: usize| t * n_tasks / shares;
-        // Tasks claimed per step: a few, so that a thread that falls behind leaves work to the others.
-        let step = n_tasks.div_ceil(shares * 4).max(1);
-        let next: [AtomicUsize; MAX_SHARES] =
-            std::array::from_fn(|t| AtomicUsize::new(if t < shares { bounds(t) } else { 0 }));
         let sc = SharedMut(scratch.as_mut_ptr());
-        pool.run_items(shares, &|me| {
-            // SAFETY: each of the `shares` items owns its scratch slice.
+        // Tasks claimed per step: a few, so that a thread that falls behind leaves work to the others.
+        pool.run_shares(n_tasks, n_tasks.div_ceil(shares * 4), &|me, tasks| {
+            // SAFETY: each share owns its scratch slice, and one share runs on one thread at a time.
             let sc =
                 unsafe { std::slice::from_raw_parts_mut(sc.get().add(me * per_thread_scratch), per_thread_scratch) };
-            for t in (me..shares).chain(0..me) {
-                let end = bounds(t + 1);
-                loop {
-                    let start = next[t].fetch_add(step, Ordering::Relaxed);
-                    if start >= end {
-                        break;
-                    }
-                    self.run(start..(start + step).min(end), hpt, sc);
-                }
-            }
+            self.run(tasks, hpt, sc);
         });
     }
 
