@@ -1,5 +1,10 @@
 //! Times the output head alone: full logits (`head_full`) against the screened greedy argmax (`head_argmax`),
-//! for 1, 2 and 4 rows of real hidden states (the screen forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads]`
+//! for 1, 2 and 4 rows of real hidden states (the screen forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads] [REFERENCE.jsonl]`
+//!
+//! With a reference file (`../shared/reference/*.greedy_*.jsonl`; its first record's prompt and greedy ids are
+//! the tokens), it then times what a tree verification pays instead: a forward of n rows after ~90 tokens of
+//! context plus the head's argmax, with the interleaved full product or the screen, alternating 200 times each
+//! (the body's weights pass through the caches in between, as in decoding). Medians, ms.
 use model::{Model, Workspace};
 use std::time::Instant;
 
@@ -36,5 +41,56 @@ fn main() {
                 exact as f64 / 50.0
             );
         }
+    }
+    if let Some(reference) = args.get(3) {
+        forward_then_head(&m, threads, reference);
+    }
+}
+
+/// The forward-plus-head comparison (see the module header).
+fn forward_then_head(m: &Model, threads: usize, reference: &str) {
+    let text = std::fs::read_to_string(reference).expect("reference file");
+    let line = text.lines().next().expect("a record");
+    let ids_of = |key: &str| -> Vec<u32> {
+        let start = line.find(key).expect("ids") + key.len();
+        let len = line[start..].find(']').expect("a list");
+        line[start..start + len]
+            .trim_start_matches([':', ' ', '['])
+            .split(',')
+            .map(|v| v.trim().parse().unwrap())
+            .collect()
+    };
+    let mut ids = ids_of("\"prompt_ids\"");
+    ids.extend(ids_of("\"greedy_ids\""));
+    let (ctx, d, v) = (ids.len().min(100), m.config.n_embd, m.config.vocab_size);
+    assert!(ctx > 16, "too few reference tokens");
+    let mut ws = Workspace::new(threads);
+    let (mut kv, mut hidden) = (m.new_cache(ctx + 8), Vec::new());
+    m.forward(&ids[..ctx - 8], &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
+    let base = kv.seq_len();
+    let (mut normed, mut logits, mut out) = (vec![0.0; 8 * d], vec![0.0; 8 * v], [0u32; 8]);
+    for n in [1usize, 2, 3, 4, 6, 8] {
+        let mut times = [Vec::new(), Vec::new()];
+        for i in 0..400 {
+            let t = Instant::now();
+            m.forward(&ids[ctx - 8..ctx - 8 + n], &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
+            m.final_norm(&hidden[..n * d], &mut normed[..n * d]);
+            if i % 2 == 0 {
+                m.head_full(&normed, n, &mut logits, &mut ws);
+                for (o, row) in out.iter_mut().zip(logits.chunks_exact(v)).take(n) {
+                    *o = kernels::screen::first_max(row) as u32;
+                }
+            } else {
+                m.head_argmax(&normed, n, &mut out, &mut ws);
+            }
+            times[i % 2].push(t.elapsed().as_secs_f64() * 1e3);
+            kv.truncate(base);
+        }
+        let median = |t: &mut Vec<f64>| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        };
+        let (full, screened) = (median(&mut times[0]), median(&mut times[1]));
+        println!("forward + head, rows {n}: interleaved {full:.3} ms, screened {screened:.3} ms");
     }
 }
