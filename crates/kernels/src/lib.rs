@@ -33,7 +33,9 @@ pub mod screen;
 
 pub use dequant::dequantize_row;
 pub use gguf::GgmlType;
-pub use matmul::{matmul, matmul_many, matmul_rows, matmul_rows_grouped, Layout, MatmulScratch, QMatrix};
+pub use matmul::{
+    matmul, matmul_many, matmul_pair_then, matmul_rows, matmul_rows_grouped, Layout, MatmulScratch, QMatrix,
+};
 pub use pool::{parallel_for, ThreadPool};
 pub use quantize::quantize_q8_0_weights;
 pub use screen::HeadScreen;

@@ -283,9 +283,49 @@ fn matmul_many_equals_separate_matmuls() {
                     let mut outs: Vec<Vec<f32>> = ms.iter().map(|m| vec![f32::NAN; n_tokens * m.rows]).collect();
                     let mut pairs: Vec<(&QMatrix, &mut [f32])> =
                         ms.iter().zip(outs.iter_mut()).map(|(m, o)| (m, &mut o[..])).collect();
-                    matmul_many_isa(isa, pool, &mut pairs, &x, n_tokens, &mut scratch);
+                    matmul_many_isa(isa, pool, &mut pairs, &x, n_tokens, &mut scratch, None);
                     assert_eq!(outs, want, "{ty} {isa:?} n={n_tokens} threads={}", pool.n_threads());
                 }
+            }
+        }
+    }
+}
+
+/// The step fused into a pair's product sees exactly the matching rows of both outputs, once per token and row:
+/// the result equals the two products followed by the step over whole outputs, on the serial path (few rows)
+/// and the parallel one, for every thread count.
+#[test]
+fn matmul_pair_then_equals_the_products_then_the_step() {
+    let mut rng = Rng(9);
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    let mut scratch = MatmulScratch::default();
+    let step = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, &b)| *a = *a * 2.0 - b * b);
+    for (ty, rows) in [(GgmlType::Q4_1, 1536), (GgmlType::Q8_0, 40), (GgmlType::Q8_0, 8), (GgmlType::Q4_K, 1000)] {
+        let cols = 512;
+        let (da, db) = (random_weights(ty, rows, cols, &mut rng), random_weights(ty, rows, cols, &mut rng));
+        let (wa, wb) = (QMatrix::new(ty, &da, rows, cols).unwrap(), QMatrix::new(ty, &db, rows, cols).unwrap());
+        for n_tokens in [1, 3, 9] {
+            let x = random_x(n_tokens * cols, &mut rng);
+            let (mut want_a, mut want_b) = (vec![0.0; n_tokens * rows], vec![0.0; n_tokens * rows]);
+            matmul(&pools[0], &wa, &x, n_tokens, &mut want_a, &mut scratch);
+            matmul(&pools[0], &wb, &x, n_tokens, &mut want_b, &mut scratch);
+            step(&mut want_a, &want_b);
+            // A second matrix of another type takes the separate products.
+            let dc = random_weights(GgmlType::F16, rows, cols, &mut rng);
+            let wc = QMatrix::new(GgmlType::F16, &dc, rows, cols).unwrap();
+            let mut want_c = vec![0.0; n_tokens * rows];
+            matmul(&pools[0], &wc, &x, n_tokens, &mut want_c, &mut scratch);
+            let mut want_ac = vec![0.0; n_tokens * rows];
+            matmul(&pools[0], &wa, &x, n_tokens, &mut want_ac, &mut scratch);
+            step(&mut want_ac, &want_c);
+            for pool in &pools {
+                let (mut a, mut b) = (vec![f32::NAN; n_tokens * rows], vec![f32::NAN; n_tokens * rows]);
+                crate::matmul_pair_then(pool, &wa, &wb, &x, n_tokens, &mut a, &mut b, &mut scratch, &step);
+                assert_eq!(a, want_a, "{ty} rows={rows} n={n_tokens} threads={}", pool.n_threads());
+                assert_eq!(b, want_b);
+                let (mut a, mut c) = (vec![f32::NAN; n_tokens * rows], vec![f32::NAN; n_tokens * rows]);
+                crate::matmul_pair_then(pool, &wa, &wc, &x, n_tokens, &mut a, &mut c, &mut scratch, &step);
+                assert_eq!((a, c), (want_ac.clone(), want_c.clone()), "{ty} with F16, threads={}", pool.n_threads());
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::kv_cache::KvCache;
 use crate::weights::{Matrix, Weights};
 use crate::workspace::{grow, Workspace};
 use gguf::GgufFile;
-use kernels::{matmul, matmul_many, matmul_rows, HeadScreen, QMatrix};
+use kernels::{matmul, matmul_many, matmul_pair_then, matmul_rows, HeadScreen, QMatrix};
 use std::path::Path;
 
 /// Which earlier rows of the same batch each new row may attend to. Every row always sees all slots
@@ -68,9 +68,6 @@ pub struct Model {
 /// at once for perplexity or `eval` chunks, after ~128 two-row tree verifications. Gemma 3 270M's build takes
 /// ~0.2 s and saves ~1–3 ms per 2-row product on the 2-core AVX-512 machine.
 pub const X8_AFTER_ROWS: usize = 256;
-
-/// Elements per work item of the parallel gate activation.
-const ACT_CHUNK: usize = 512;
 
 /// llama.cpp switches batches of at least this many rows to its tiled flash-attention path (`GGML_FA_TILE_Q`).
 /// We do not follow it there (see the attention comment in [`Model::layer`]); kept for the record.
@@ -308,23 +305,20 @@ impl Model {
         }
         let ff = c.n_ff;
         let (wg, wu) = (self.qmatrix(&lw.w_gate), self.qmatrix(&lw.w_up));
-        matmul_many(
+        // The gated activation runs inside the gate/up product's parallel region, on each thread's own rows (with
+        // libm's expf/tanhf it was 9% of a Gemma 8-row forward in callgrind; now vectorised, see `glu_in_place`).
+        let activation = c.activation;
+        matmul_pair_then(
             pool,
-            &mut [(&wg, &mut ws.gate[..n * ff]), (&wu, &mut ws.up[..n * ff])],
+            &wg,
+            &wu,
             &ws.h[..n * d],
             n,
+            &mut ws.gate[..n * ff],
+            &mut ws.up[..n * ff],
             &mut ws.mm,
+            &|g, u| glu_in_place(activation, g, u),
         );
-        // Element-wise, split across the pool (with libm's expf/tanhf this was 9% of a Gemma 8-row forward in
-        // callgrind on one thread and 14% of a Gemma prefill in perf; now vectorised, see `glu_in_place`).
-        let (gate, up, len) = (SharedMut(ws.gate.as_mut_ptr()), &ws.up[..n * ff], n * ff);
-        let activation = c.activation;
-        pool.run_items(len.div_ceil(ACT_CHUNK), &|i| {
-            let range = i * ACT_CHUNK..((i + 1) * ACT_CHUNK).min(len);
-            // SAFETY: `gate` holds n * ff elements; items are disjoint ranges of it.
-            let g = unsafe { std::slice::from_raw_parts_mut(gate.get().add(range.start), range.len()) };
-            glu_in_place(activation, g, &up[range]);
-        });
         matmul(pool, &self.qmatrix(&lw.w_down), &ws.gate[..n * ff], n, &mut ws.o[..n * d], &mut ws.mm);
         self.residual(x, &mut ws.o[..n * d], lw.post_ffn_norm.as_deref(), n);
         Ok(())
