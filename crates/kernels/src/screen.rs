@@ -234,7 +234,8 @@ fn collect_survivors(a: &[f32], c: &[f32], norm: f32, out: &mut Vec<u32>) {
         .iter()
         .zip(ct)
         .fold(lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l)), |m, (&a, &c)| m.max(a - c * norm));
-    // `!(high < floor)`: not below the floor, NaN included.
+    // `!(high < floor)`: not below the floor, NaN included (a `partial_cmp` here would not vectorise).
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     let keep = |a: f32, c: f32| !(a + c * norm < floor);
     for (k, (ab, cb)) in a.chunks_exact(SCAN_LANES).zip(c.chunks_exact(SCAN_LANES)).enumerate() {
         let any = (0..SCAN_LANES).fold(false, |any, l| any | keep(ab[l], cb[l]));
