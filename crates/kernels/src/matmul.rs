@@ -211,8 +211,8 @@ pub(crate) fn product(
     if n == 1 || rows * rb * tiles < SERIAL_BYTES || rows < 2 {
         work(0..rows);
     } else {
-        // A contiguous share of ROW_CHUNK pieces per thread, claimed a piece at a time and then helped with:
-        // balanced even when a thread is slowed down or arrives late.
+        // A contiguous share of ROW_CHUNK pieces per thread, claimed half a share at a time and then helped
+        // with: balanced even when a thread is slowed down or arrives late.
         let pieces = rows.div_ceil(ROW_CHUNK);
         pool.run_shares(pieces, share_step(pieces, n), &|_, pieces| {
             work(pieces.start * ROW_CHUNK..(pieces.end * ROW_CHUNK).min(rows))
@@ -301,7 +301,7 @@ pub type PairThen<'a> = &'a (dyn Fn(&mut [f32], &[f32]) + Sync);
 /// same parallel region, `then(a_piece, b_piece)` on matching pieces of one token's rows of `a` and `b` until
 /// every token's every row went through it once (in any order, pieces in parallel): an element-wise step such
 /// as a gated activation, run by the thread that just computed those rows instead of in another region
-/// (a region costs about a microsecond of hand-off on the 2-core machines; a layer has six). Matrices of
+/// (a region costs about a microsecond of hand-off on the 2-core machines; a layer had six). Matrices of
 /// different types or layouts are multiplied one after the other and the step runs after both, on this thread.
 ///
 /// # Panics

@@ -84,13 +84,14 @@ pub const SCREEN_MIN_BYTES: usize = 64 << 20;
 /// `SPECEE_HEAD_SCREEN=1` vs `0`, alternating, two sessions of 3 rounds; the machine is noisy).
 pub const SCREEN_MIN_BYTES_VNNI: usize = 16 << 20;
 
-/// Greedy head calls of several rows use the screen (where built) while rows × vocabulary is at most this, and
-/// the interleaved full product above it: the screen reads 23% fewer bytes but does more work per activation
-/// row than the interleaved kernel. Measured in session 19 (a forward of n rows plus the head's argmax, real
-/// token ids, 200 alternating runs each, median ms, screen against interleaved): SmolLM2 (49,152 rows) 2 rows
-/// 4.12 vs 4.33, 3 rows 4.74 vs 5.03, 4 rows 6.35 vs 6.62, 6 rows 7.37 vs 7.71, 8 rows 8.92 vs 9.12; Gemma 3
-/// 270M (262,144 rows) 2 rows 14.92 vs 15.11, 4 rows 18.82 vs 18.27, 8 rows 26.36 vs 25.13.
-pub const SCREEN_MAX_ROW_TOKENS: usize = 8 * 49_152;
+/// Greedy head calls of up to this many rows use the screen (where built), and the interleaved full product above
+/// it: the screen reads 23% fewer bytes but does more work per activation row than the interleaved kernel.
+/// Measured in session 19 with `headbench MODEL 2 REFERENCE.jsonl` (a forward of n rows plus the head's argmax,
+/// real token ids, 200 alternating runs each, median ms, interleaved against screened): SmolLM2 (49,152 rows) 2
+/// rows 4.25 vs 4.02, 3 rows 5.21 vs 4.89, 4 rows 6.30 vs 5.99, 6 rows 7.90 vs 7.63, 8 rows 9.33 vs 9.19; Gemma 3
+/// 270M (262,144 rows) 2 rows 16.07 vs 14.86, 3 rows 17.99 vs 16.46, 4 rows 19.01 vs 16.94, 6 rows 23.11 vs
+/// 22.55, 8 rows 26.15 vs 26.76.
+pub const SCREEN_MAX_ROWS: usize = 6;
 
 /// The head screen is built on the greedy head call after this many (0.3 s for Gemma's, paid back after ~130
 /// tokens at 1.3 ms each): a short one-shot generation never pays for it, a server or a long generation builds it
@@ -510,20 +511,18 @@ impl Model {
     /// on/off. Returns how many head rows got the exact product.
     pub fn head_argmax(&self, normed: &[f32], n: usize, out: &mut [u32], ws: &mut Workspace) -> usize {
         let d = self.config.n_embd;
-        // Several rows: the screen while its per-row work is small against the bytes it saves
-        // (`SCREEN_MAX_ROW_TOKENS`), else the interleaved head's full product where built; the screen where forced.
+        // Up to `SCREEN_MAX_ROWS` rows (or where forced) the screen, else the interleaved full product; each where
+        // built, the other (or the stored head) when not.
         let v = self.config.vocab_size;
-        let forced = self.screen_forced.load(std::sync::atomic::Ordering::Relaxed);
-        let screen_first = n == 1 || forced || n * v <= SCREEN_MAX_ROW_TOKENS;
-        let mut x8 = if n >= 2 && !screen_first { self.head_x8(n) } else { None };
-        let screen = if x8.is_none() { self.screen(ws.n_threads()) } else { None };
-        if let Some(screen) = screen {
-            let head = self.qmatrix(&self.weights.output);
-            return screen.argmax(&ws.pool, &head, &normed[..n * d], n, &mut out[..n], &mut ws.mm);
+        let prefer_screen = n <= SCREEN_MAX_ROWS || self.screen_forced.load(std::sync::atomic::Ordering::Relaxed);
+        let x8_first = if prefer_screen { None } else { self.head_x8(n) };
+        if x8_first.is_none() {
+            if let Some(screen) = self.screen(ws.n_threads()) {
+                let head = self.qmatrix(&self.weights.output);
+                return screen.argmax(&ws.pool, &head, &normed[..n * d], n, &mut out[..n], &mut ws.mm);
+            }
         }
-        if x8.is_none() && n >= 2 && screen_first {
-            x8 = self.head_x8(n);
-        }
+        let x8 = x8_first.or_else(|| if n >= 2 && prefer_screen { self.head_x8(n) } else { None });
         let mut logits = std::mem::take(&mut ws.logits);
         grow(&mut logits, n * v);
         self.head_product(x8, normed, n, &mut logits, ws);
