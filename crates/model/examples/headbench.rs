@@ -50,18 +50,12 @@ fn main() {
 /// The forward-plus-head comparison (see the module header).
 fn forward_then_head(m: &Model, threads: usize, reference: &str) {
     let text = std::fs::read_to_string(reference).expect("reference file");
-    let line = text.lines().next().expect("a record");
+    let rec: serde_json::Value = serde_json::from_str(text.lines().next().expect("a record")).expect("a JSON record");
     let ids_of = |key: &str| -> Vec<u32> {
-        let start = line.find(key).expect("ids") + key.len();
-        let len = line[start..].find(']').expect("a list");
-        line[start..start + len]
-            .trim_start_matches([':', ' ', '['])
-            .split(',')
-            .map(|v| v.trim().parse().unwrap())
-            .collect()
+        rec[key].as_array().expect("a list of ids").iter().map(|v| v.as_u64().expect("an id") as u32).collect()
     };
-    let mut ids = ids_of("\"prompt_ids\"");
-    ids.extend(ids_of("\"greedy_ids\""));
+    let mut ids = ids_of("prompt_ids");
+    ids.extend(ids_of("greedy_ids"));
     let (ctx, d, v) = (ids.len().min(100), m.config.n_embd, m.config.vocab_size);
     assert!(ctx > 16, "too few reference tokens");
     let mut ws = Workspace::new(threads);
