@@ -17,6 +17,8 @@ use gguf::GgmlType;
 
 /// Weight rows handled per kernel call (the output tile lives on the stack).
 const ROW_CHUNK: usize = 16;
+// The head screen hands `product` groups of 16 interleaved rows: pieces must hold whole groups.
+const _: () = assert!(ROW_CHUNK % crate::screen::GROUP == 0);
 /// Below this many weight bytes × activation tiles the product runs on the calling thread only.
 const SERIAL_BYTES: usize = 24 * 1024;
 
@@ -259,7 +261,7 @@ unsafe fn rows_work(
                         }
                     }
                 }
-                Kernel::Groups8(kernel) => {
+                Kernel::Groups(kernel) => {
                     // Token-major tile: each token's nr results are contiguous, as in `out`.
                     kernel(wr, cols, acts, t0, nt, buf, nr);
                     for j in 0..nt {

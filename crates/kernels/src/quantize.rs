@@ -65,9 +65,9 @@ pub(crate) struct Acts<'a> {
     pub qw: &'a [i16],
     /// Q8_0/Q8_1: per pair 8 floats `[dA x4, dB x4]`, interleaved as `qp`: at `(k * stride + t) * 8`.
     pub dp4: &'a [f32],
-    /// Q8_0: per pair 8 sums `32 · (y[4j..4j+4] + y[16+4j..16+4j+4])` of block A (`j < 4`) and B (`j ≥ 4`),
-    /// interleaved as `dp4` — the offset the head screen's unsigned 6-bit values add ([`crate::screen`]).
-    pub zp: &'a [i32],
+    /// Q8_0: per token and block, `−32·Σy` at `t * nb + b` — where the head screen's block sums start, taking
+    /// off the `+ 32` its unsigned 6-bit values carry ([`crate::screen`]).
+    pub zb: &'a [i32],
     pub bsums: &'a [i16],
     pub f: &'a [f32],
     pub cols: usize,
@@ -87,7 +87,7 @@ pub(crate) struct ActBuffers {
     pub qp: Vec<i8>,
     pub qw: Vec<i16>,
     pub dp4: Vec<f32>,
-    pub zp: Vec<i32>,
+    pub zb: Vec<i32>,
     pub bsums: Vec<i16>,
     pub f: Vec<f32>,
     /// Token rows of the current layout (set by `reserve`).
@@ -106,7 +106,7 @@ pub(crate) struct ActPtr {
     qp: (*mut i8, usize),
     qw: (*mut i16, usize),
     dp4: (*mut f32, usize),
-    zp: (*mut i32, usize),
+    zb: (*mut i32, usize),
     bsums: (*mut i16, usize),
     f: (*mut f32, usize),
 }
@@ -126,7 +126,7 @@ impl ActPtr {
             qp: raw(&mut b.qp),
             qw: raw(&mut b.qw),
             dp4: raw(&mut b.dp4),
-            zp: raw(&mut b.zp),
+            zb: raw(&mut b.zb),
             bsums: raw(&mut b.bsums),
             f: raw(&mut b.f),
         }
@@ -169,7 +169,7 @@ impl ActBuffers {
                 grow(&mut self.qp, n_tokens * cols);
                 if kind == ActKind::Q8_0 {
                     grow(&mut self.qw, n_tokens * cols);
-                    grow(&mut self.zp, n_tokens * cols / QK * 4);
+                    grow(&mut self.zb, n_tokens * cols / QK);
                 }
                 grow(&mut self.dp4, n_tokens * cols / QK * 4);
             }
@@ -238,7 +238,7 @@ impl ActBuffers {
             qp: &self.qp,
             qw: &self.qw,
             dp4: &self.dp4,
-            zp: &self.zp,
+            zb: &self.zb,
             bsums: &self.bsums,
             f,
             cols,
@@ -281,6 +281,11 @@ unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: u
             for (u, &q) in qu.iter_mut().zip(qs.iter()) {
                 *u = (q as u8) ^ 0x80;
             }
+            if kind == ActKind::Q8_0 {
+                for (z, q) in part(b.zb, t * nb, nb).iter_mut().zip(qs.chunks_exact(QK)) {
+                    *z = -32 * q.iter().map(|&v| v as i32).sum::<i32>();
+                }
+            }
             let dexp = part(b.dexp, t * nb * 8, nb * 8);
             for (e, &dv) in dexp.chunks_exact_mut(8).zip(d.iter()) {
                 e.fill(dv);
@@ -296,13 +301,6 @@ unsafe fn quantize_token(me: ActPtr, kind: ActKind, x: &[f32], cols: usize, t: u
                 let (da, db) = (d[2 * k], d[2 * k + 1]);
                 part(b.dp4, (k * stride + t) * 8, 8).copy_from_slice(&[da, da, da, da, db, db, db, db]);
                 if kind == ActKind::Q8_0 {
-                    let z = part(b.zp, (k * stride + t) * 8, 8);
-                    for (j, z) in z.iter_mut().enumerate() {
-                        let y = if j < 4 { ya } else { yb };
-                        let g = 4 * (j % 4);
-                        let sum: i32 = (g..g + 4).chain(16 + g..16 + g + 4).map(|e| y[e] as i32).sum();
-                        *z = 32 * sum;
-                    }
                     let o = part(b.qw, (k * stride + t) * 64, 64);
                     for g in 0..4 {
                         for e in 0..8 {

@@ -18,52 +18,63 @@
 //! it on both models) outside the bound brings 5 bits back to 65 (SmolLM2) / 79 (Gemma) survivors, but with
 //! those columns' corrections stored the rows shrink by only ~10%: not pursued.
 //!
-//! Layout: pairs of 32-weight blocks A and B (64 weights, 52 bytes): f16 scales `dA`, `dB`; 32 bytes of low
-//! nibbles (byte `m < 16`: `A[m] | A[16+m] << 4`, byte `16 + m`: the same for B) — so masking and shifting give
-//! `[A0..16, B0..16]` and `[A16..32, B16..32]`, the order of the activations' pair layout (`Acts::qp`); 16 bytes
-//! of high bit pairs (byte `m`: bits 0–1 of `A[m]`, 2–3 of `B[m]`, 4–5 of `A[16+m]`, 6–7 of `B[16+m]`). Values
-//! are stored as `q + 32` with `q ∈ [−32, 31]` (the weight is `d·q`); the kernels take the `+ 32` off with the
-//! activations' precomputed sums (`Acts::zp`). Rows need a whole number of pairs (`cols % 64 == 0`).
+//! Layout ([`GROUP`] = 16 rows interleaved block by block, like the matmuls' interleaved matrices, so that one
+//! 512-bit register holds 4 consecutive values of each of 16 rows and a product needs no horizontal sums):
+//! per group and 32-column block, [`BLOCK_BYTES`] = 416 bytes — the 16 rows' f16 scales (32 bytes); 4 registers
+//! of nibbles (64 bytes each, byte `4r + k` of register `i`: values `4i + k` (low nibble) and `16 + 4i + k` (high
+//! nibble) of row `r`); 2 registers of high bit pairs (byte `4r + k` of register `h`, bits `2m..2m+2`: value
+//! `4(4h + m) + k`'s bits 4–5). So value register `j` (values `4j..4j+4` of every row) is the low (`j < 4`) or
+//! high nibble of nibble register `j % 4` plus field `j % 4` of high register `j / 4`, shifted to bits 4–5.
+//! Values are stored as `q + 32` with `q ∈ [−32, 31]` (the weight is `d·q`): unsigned, so that they are the
+//! unsigned operand of `vpdpbusd`/`vpmaddubsw` against the signed Q8_0 activations; each block sum starts at the
+//! activations' `−32·Σy` ([`crate::quantize::Acts::zb`]), exactly in integers. Rows are padded with zero rows to
+//! a whole group (their screened logits are never read); columns need whole 32-weight blocks.
+//!
+//! Why interleaved (session 20): the previous layout kept each row's pairs of blocks together, and its kernel
+//! took one horizontal sum per row and token and ~9 µops per 64 weights per token, so the screen ran at ~26 GB/s
+//! for one token where the interleaved Q4 matmuls reach ~33, and each further token cost ~0.2 ms on SmolLM2.
 
 use crate::blocks::{f16_to_f32, f32_to_f16, Q8_0_BYTES, QK};
-use crate::kernel::{row_kernel, Isa, Kernel};
+use crate::kernel::{row_kernel, GroupKernel, Isa, Kernel};
 use crate::matmul::{product, RawRows};
 use crate::pool::{split_range, ThreadPool};
 use crate::quantize::ActKind;
 use crate::{KernelError, Layout, MatmulScratch, QMatrix};
 use gguf::GgmlType;
 
-/// Bytes per pair of 32-weight blocks of the screen.
-pub(crate) const PAIR_BYTES: usize = 52;
+/// Rows per interleaved group of the screen.
+pub(crate) const GROUP: usize = 16;
+/// Bytes per group and 32-column block: 16 f16 scales, 4 nibble registers, 2 high-bit registers.
+pub(crate) const BLOCK_BYTES: usize = 2 * GROUP + 4 * 64 + 2 * 64;
+/// Where a block's nibble registers start.
+pub(crate) const NIBBLES: usize = 2 * GROUP;
+/// Where a block's high-bit registers start.
+pub(crate) const HIGH: usize = NIBBLES + 4 * 64;
 
 /// Survivors per token above which their exact products are split across the pool.
 const PARALLEL_SURVIVORS: usize = 64;
 
-/// The 64 stored values (`q + 32`, 0..=63) of one pair: block A's 32, then block B's.
-pub(crate) fn unpack(b: &[u8]) -> [u8; 64] {
-    let mut q = [0u8; 64];
-    for m in 0..16 {
-        let (la, lb, h) = (b[4 + m], b[20 + m], b[36 + m]);
-        q[m] = (la & 0x0F) | (h & 3) << 4;
-        q[32 + m] = (lb & 0x0F) | (h >> 2 & 3) << 4;
-        q[16 + m] = (la >> 4) | (h >> 4 & 3) << 4;
-        q[48 + m] = (lb >> 4) | (h >> 6) << 4;
+/// Writes row `r`'s 32 stored values (`q + 32`, each < 64) and scale bits into one group's `block`.
+fn put(block: &mut [u8], r: usize, dbits: u16, q: &[u8; 32]) {
+    block[2 * r..2 * r + 2].copy_from_slice(&dbits.to_le_bytes());
+    for (e, &v) in q.iter().enumerate() {
+        let (j, k) = (e / 4, e % 4);
+        block[NIBBLES + 64 * (j % 4) + 4 * r + k] |= (v & 0x0F) << (4 * (j / 4));
+        block[HIGH + 64 * (j / 4) + 4 * r + k] |= (v >> 4 & 3) << (2 * (j % 4));
     }
-    q
 }
 
-/// One pair from the scales' f16 bits and 64 stored values (`q + 32`, each < 64; A's 32 then B's).
-fn pack(da: u16, db: u16, q: &[u8; 64]) -> [u8; PAIR_BYTES] {
-    let mut b = [0u8; PAIR_BYTES];
-    b[..2].copy_from_slice(&da.to_le_bytes());
-    b[2..4].copy_from_slice(&db.to_le_bytes());
-    for m in 0..16 {
-        let (a0, a1, b0, b1) = (q[m], q[16 + m], q[32 + m], q[48 + m]);
-        b[4 + m] = (a0 & 0x0F) | (a1 & 0x0F) << 4;
-        b[20 + m] = (b0 & 0x0F) | (b1 & 0x0F) << 4;
-        b[36 + m] = (a0 >> 4 & 3) | (b0 >> 4 & 3) << 2 | (a1 >> 4 & 3) << 4 | (b1 >> 4 & 3) << 6;
-    }
-    b
+/// Row `r`'s stored value `e` (`q + 32`, `e < 32`) in one group's `block` (see the module docs).
+pub(crate) fn value(block: &[u8], r: usize, e: usize) -> u8 {
+    let (j, k) = (e / 4, e % 4);
+    let low = block[NIBBLES + 64 * (j % 4) + 4 * r + k] >> (4 * (j / 4)) & 0x0F;
+    let high = block[HIGH + 64 * (j / 4) + 4 * r + k] >> (2 * (j % 4)) & 3;
+    low | high << 4
+}
+
+/// Row `r`'s scale in one group's `block`.
+pub(crate) fn scale(block: &[u8], r: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([block[2 * r], block[2 * r + 1]]))
 }
 
 /// A 6-bit screen of a Q8_0 head with per-row error bounds (see the module docs).
@@ -82,35 +93,44 @@ impl HeadScreen {
             return Err(KernelError::UnsupportedType(w.ty.name()));
         }
         let (rows, cols) = (w.rows, w.cols);
-        if cols % (2 * QK) != 0 {
+        if cols % QK != 0 || cols == 0 {
             let data_len = w.data.len();
-            let reason = "the head screen needs rows of whole 64-weight pairs";
+            let reason = "the head screen needs rows of whole 32-weight blocks";
             return Err(KernelError::BadShape { ty: w.ty.name(), rows, cols, data_len, reason });
         }
         let nb = cols / QK;
-        let rb = cols / 64 * PAIR_BYTES;
-        let mut data = vec![0u8; rows * rb];
-        let mut bound = vec![0.0f32; rows];
-        // Both products sum nb block terms in f32 (plus a horizontal sum): a relative rounding error below
-        // (nb + 64)·2⁻²² of the sum of the terms' magnitudes, which Cauchy–Schwarz bounds by norms.
+        let gb = nb * BLOCK_BYTES;
+        let groups = rows.div_ceil(GROUP);
+        let mut data = vec![0u8; groups * gb];
+        let mut bound = vec![0.0f32; groups * GROUP];
+        // Both products sum nb block terms in f32 (the exact one plus a horizontal sum): a relative rounding
+        // error below (nb + 64)·2⁻²² of the sum of the terms' magnitudes, which Cauchy–Schwarz bounds by norms.
         let margin = (nb + 64) as f64 / (1u64 << 22) as f64;
-        let threads = threads.clamp(1, rows.max(1));
-        let per = rows.div_ceil(threads);
+        let per = groups.div_ceil(threads.clamp(1, groups.max(1))).max(1);
         std::thread::scope(|s| {
-            for (i, (data, bound)) in data.chunks_mut(per * rb).zip(bound.chunks_mut(per)).enumerate() {
+            for (i, (data, bound)) in data.chunks_mut(per * gb).zip(bound.chunks_mut(per * GROUP)).enumerate() {
                 s.spawn(move || {
-                    for (k, (dst, c)) in data.chunks_exact_mut(rb).zip(bound.iter_mut()).enumerate() {
-                        *c = screen_row(w.row(i * per + k), dst, margin);
+                    for (k, (dst, c)) in data.chunks_exact_mut(gb).zip(bound.chunks_exact_mut(GROUP)).enumerate() {
+                        let first = (i * per + k) * GROUP;
+                        for (r, c) in c.iter_mut().enumerate().take(rows.saturating_sub(first)) {
+                            *c = screen_row(w.row(first + r), dst, r, margin);
+                        }
                     }
                 });
             }
         });
+        bound.truncate(rows);
         Ok(HeadScreen { data, rows, cols, bound })
     }
 
-    /// Bytes the screen reads per token (its 6-bit rows).
+    /// Bytes the screen reads per token (its 6-bit rows, padded to whole groups).
     pub fn bytes(&self) -> usize {
         self.data.len()
+    }
+
+    /// Rows of the screen's layout: the head's, padded to whole groups.
+    fn padded_rows(&self) -> usize {
+        self.rows.div_ceil(GROUP) * GROUP
     }
 
     /// The argmax row of `w · x_t` for each of the `n_tokens` activation rows of `x` into `out[t]` (the first
@@ -151,20 +171,13 @@ impl HeadScreen {
         if n_tokens == 0 {
             return 0;
         }
-        let screen_kernel = match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 if Isa::Avx512.available() => crate::kernel::avx512::screen6_kernel(),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 if Isa::Avx2.available() => crate::kernel::avx2::screen6_kernel(),
-            _ => crate::kernel::scalar::screen6,
-        };
         let exact = row_kernel(isa, GgmlType::Q8_0).expect("Q8_0 has a row kernel");
+        let padded = self.padded_rows();
         let mut approx = std::mem::take(&mut scratch.screen);
-        if approx.len() < n_tokens * rows {
-            approx.resize(n_tokens * rows, 0.0);
+        if approx.len() < n_tokens * padded {
+            approx.resize(n_tokens * padded, 0.0);
         }
-        let raw = RawRows { data: &self.data, rows, row_bytes: cols / 64 * PAIR_BYTES };
-        product(pool, Kernel::Rows(screen_kernel), ActKind::Q8_0, raw, x, cols, n_tokens, &mut approx, scratch);
+        self.screen_product(isa, pool, x, n_tokens, &mut approx, scratch);
         let acts = scratch.acts.view(ActKind::Q8_0, x, cols);
         let nb = cols / QK;
         let rb = w.row_bytes();
@@ -180,7 +193,7 @@ impl HeadScreen {
                 .map(|(&d, q)| (d as f64).powi(2) * q.iter().map(|&v| (v as i32 * v as i32) as f64).sum::<f64>())
                 .sum();
             let norm = (norm2.sqrt() * (1.0 + 1e-6)) as f32;
-            let a = &approx[t * rows..(t + 1) * rows];
+            let a = &approx[t * padded..t * padded + rows];
             survivors.clear();
             collect_survivors(a, &self.bound, norm, &mut survivors);
             values.clear();
@@ -207,6 +220,34 @@ impl HeadScreen {
         scratch.survivors = survivors;
         scratch.survivor_logits = values;
         total
+    }
+
+    /// The screened logits of the `n_tokens` rows of `x` into `approx[t * padded_rows + r]` (quantizing `x` into
+    /// `scratch`'s Q8_0 activations, which the exact products then read).
+    fn screen_product(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        x: &[f32],
+        n_tokens: usize,
+        approx: &mut [f32],
+        scratch: &mut MatmulScratch,
+    ) {
+        let kernel = screen_kernel(isa);
+        let raw =
+            RawRows { data: &self.data, rows: self.padded_rows(), row_bytes: self.cols / QK * BLOCK_BYTES / GROUP };
+        product(pool, Kernel::Groups(kernel), ActKind::Q8_0, raw, x, self.cols, n_tokens, approx, scratch);
+    }
+}
+
+/// The screen's group kernel on level `isa`.
+fn screen_kernel(isa: Isa) -> GroupKernel {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if Isa::Avx512.available() => crate::kernel::avx512::screen6_kernel(),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 if Isa::Avx2.available() => crate::kernel::avx2::screen6_kernel(),
+        _ => crate::kernel::scalar::screen6,
     }
 }
 
@@ -265,20 +306,16 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
-/// Quantizes one Q8_0 row into screen pairs (`dst`) and returns its bound: `‖w − ŵ‖` plus `margin` times
-/// the magnitudes both products sum (`‖w‖ + ‖ŵ‖ + 32·‖d‖`, the last for the `+ 32` offset), rounded up.
-fn screen_row(src: &[u8], dst: &mut [u8], margin: f64) -> f32 {
+/// Quantizes one Q8_0 row into row `r` of a screen group (`dst`, the group's blocks) and returns its bound:
+/// `‖w − ŵ‖` plus `margin` times the magnitudes both products sum (`‖w‖ + ‖ŵ‖`, and `32·‖d‖` for the `+ 32`
+/// offset, which the kernels take off in integers: kept as slack), rounded up.
+fn screen_row(src: &[u8], dst: &mut [u8], r: usize, margin: f64) -> f32 {
     let (mut err2, mut w2, mut h2, mut d2) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for (pair, o) in src.chunks_exact(2 * Q8_0_BYTES).zip(dst.chunks_exact_mut(PAIR_BYTES)) {
-        let mut q = [0u8; 64];
-        let mut dbits = [0u16; 2];
-        for (h, b) in pair.chunks_exact(Q8_0_BYTES).enumerate() {
-            let (bits, sums) = screen_block(b, (&mut q[32 * h..32 * h + 32]).try_into().expect("32 values"));
-            dbits[h] = bits;
-            let [e, ww, hh, dd] = sums;
-            (err2, w2, h2, d2) = (err2 + e, w2 + ww, h2 + hh, d2 + dd);
-        }
-        o.copy_from_slice(&pack(dbits[0], dbits[1], &q));
+    for (b, o) in src.chunks_exact(Q8_0_BYTES).zip(dst.chunks_exact_mut(BLOCK_BYTES)) {
+        let mut q = [0u8; 32];
+        let (bits, [e, ww, hh, dd]) = screen_block(b, &mut q);
+        put(o, r, bits, &q);
+        (err2, w2, h2, d2) = (err2 + e, w2 + ww, h2 + hh, d2 + dd);
     }
     let c = err2.sqrt() + margin * (w2.sqrt() + h2.sqrt() + 32.0 * d2.sqrt());
     // A row with non-finite weights gets no bound: it always takes the exact product.
@@ -334,13 +371,23 @@ mod tests {
         }
     }
 
+    /// Every row's 32 values and scale come back from a group's interleaved block, whatever the other rows hold.
     #[test]
-    fn pairs_round_trip() {
+    fn groups_round_trip() {
         let mut next = rng(3);
-        let q: [u8; 64] = std::array::from_fn(|_| ((next() + 1.0) * 32.0) as u8 & 63);
-        let b = pack(0x3c00, 0x4000, &q);
-        assert_eq!(unpack(&b), q);
-        assert_eq!((&b[..4]), &[0x00, 0x3c, 0x00, 0x40]);
+        let q: Vec<[u8; 32]> =
+            (0..GROUP).map(|_| std::array::from_fn(|_| ((next() + 1.0) * 32.0) as u8 & 63)).collect();
+        let mut block = [0u8; BLOCK_BYTES];
+        for (r, q) in q.iter().enumerate() {
+            put(&mut block, r, 0x3c00 + r as u16, q);
+        }
+        for (r, q) in q.iter().enumerate() {
+            assert_eq!(std::array::from_fn::<u8, 32, _>(|e| value(&block, r, e)), *q, "row {r}");
+            assert_eq!(scale(&block, r), f16_to_f32(0x3c00 + r as u16));
+        }
+        // Value register j of row r sits at byte 4r + k: the low nibble of register 1 holds values 4..8.
+        assert_eq!(block[NIBBLES + 64 + 4 * 3 + 2] & 0x0F, q[3][6] & 0x0F);
+        assert_eq!(block[HIGH + 64 + 4 * 5 + 1] >> 6, q[5][4 * 7 + 1] >> 4);
     }
 
     /// The lane-wise survivor scan keeps exactly the rows the plain two-pass filter keeps (`f32::max` fold,
@@ -393,15 +440,15 @@ mod tests {
         let bytes = quantize_q8_0_weights(&f);
         let w = QMatrix::new(GgmlType::Q8_0, &bytes, rows, cols).unwrap();
         let screen = HeadScreen::new(&w, 3).unwrap();
-        assert_eq!(screen.bytes(), rows * cols / 64 * PAIR_BYTES);
-        // Activations along the shared direction (every logit close), one aimed at the duplicates.
+        assert_eq!(screen.bytes(), 63 * cols / QK * BLOCK_BYTES); // 1,000 rows in 63 groups, the last one padded
+                                                                  // Activations along the shared direction (every logit close), one aimed at the duplicates.
         let mut x: Vec<f32> = (0..n_tokens * cols).map(|i| base[i % cols] + 0.2 * next()).collect();
         for c in 0..cols {
             x[c] = f[17 * cols + c] * 10.0;
             x[cols + c] = f[41 * cols + c] * 10.0;
             x[2 * cols + c] = 0.0; // every logit 0: every row survives (the parallel exact path), row 0 wins
         }
-        for isa in [Isa::Scalar, Isa::Avx2] {
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
             if !isa.available() {
                 continue;
             }
@@ -447,59 +494,55 @@ mod tests {
 
     /// The screened logits are within each row's bound of the exact ones (the property the argmax rests on),
     /// and the AVX2 screen kernel agrees with the scalar one.
+    /// The screened logits are within each row's bound of the exact ones (the property the argmax rests on) on
+    /// every instruction-set level, over a padded last group and more token rows than a tile, and the SIMD
+    /// kernels agree with the scalar one.
     #[test]
     fn screened_logits_are_within_the_bound() {
-        let (rows, cols, n_tokens) = (64, 640, 3);
+        let (rows, cols, n_tokens) = (40, 640, 11);
         let mut next = rng(5);
         let f: Vec<f32> = (0..rows * cols).map(|_| next() * next()).collect();
         let bytes = quantize_q8_0_weights(&f);
         let w = QMatrix::new(GgmlType::Q8_0, &bytes, rows, cols).unwrap();
         let screen = HeadScreen::new(&w, 2).unwrap();
+        assert_eq!(screen.bytes(), 3 * cols / QK * BLOCK_BYTES);
         let mut x: Vec<f32> = (0..n_tokens * cols).map(|_| 3.0 * next()).collect();
-        // The last token points along row 0's quantization error, where the bound is nearly reached (random
+        // The last token points along row 33's quantization error, where the bound is nearly reached (random
         // directions stay far below it): a bound too small by half fails below.
-        let w0 = &bytes[..cols / QK * Q8_0_BYTES];
-        let mut exact0 = vec![0.0f32; cols];
-        crate::dequantize_row(GgmlType::Q8_0, w0, &mut exact0);
-        for (c, copy) in screen_values(w0).into_iter().enumerate() {
-            x[(n_tokens - 1) * cols + c] = 100.0 * (exact0[c] - copy);
+        let probe = 33;
+        let mut exact_row = vec![0.0f32; cols];
+        crate::dequantize_row(GgmlType::Q8_0, w.row(probe), &mut exact_row);
+        for (c, copy) in screen_values(&screen, probe).into_iter().enumerate() {
+            x[(n_tokens - 1) * cols + c] = 100.0 * (exact_row[c] - copy);
         }
         let pool = ThreadPool::new(1);
         let mut scratch = MatmulScratch::default();
         let mut exact = vec![0.0f32; n_tokens * rows];
         matmul_isa(Isa::Scalar, &pool, &w, &x, n_tokens, &mut exact, &mut scratch);
-        let raw = RawRows { data: &screen.data, rows, row_bytes: cols / 64 * PAIR_BYTES };
-        let mut levels = vec![(Isa::Scalar, Kernel::Rows(crate::kernel::scalar::screen6))];
-        #[cfg(target_arch = "x86_64")]
-        if Isa::Avx2.available() {
-            levels.push((Isa::Avx2, Kernel::Rows(crate::kernel::avx2::screen6_kernel())));
-        }
-        #[cfg(target_arch = "x86_64")]
-        if Isa::Avx512.available() {
-            levels.push((Isa::Avx512, Kernel::Rows(crate::kernel::avx512::screen6_kernel())));
-        }
+        let padded = screen.padded_rows();
         let mut first: Option<Vec<f32>> = None;
-        for (isa, kernel) in levels {
-            let mut approx = vec![0.0f32; n_tokens * rows];
-            product(&pool, kernel, ActKind::Q8_0, raw, &x, cols, n_tokens, &mut approx, &mut scratch);
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|isa| isa.available()) {
+            let mut approx = vec![f32::NAN; n_tokens * padded];
+            screen.screen_product(isa, &pool, &x, n_tokens, &mut approx, &mut scratch);
             let acts = scratch.acts.view(ActKind::Q8_0, &x, cols);
             for t in 0..n_tokens {
                 let norm = x_norm(&acts, t);
                 for r in 0..rows {
-                    let (a, e) = (approx[t * rows + r], exact[t * rows + r]);
-                    assert!((a - e).abs() <= screen.bound[r] * norm, "{isa:?} row {r}: {a} vs {e}");
+                    let (a, e) = (approx[t * padded + r], exact[t * rows + r]);
+                    assert!((a - e).abs() <= screen.bound[r] * norm, "{isa:?} token {t} row {r}: {a} vs {e}");
                     // The bound is not vacuous: a 6-bit copy is within a few percent of the row's norm.
                     let wn = f[r * cols..(r + 1) * cols].iter().map(|v| v * v).sum::<f32>().sqrt();
                     assert!(screen.bound[r] < 0.05 * wn, "row {r}: bound {} for norm {wn}", screen.bound[r]);
                 }
             }
-            let (a, e) = (approx[(n_tokens - 1) * rows], exact[(n_tokens - 1) * rows]);
-            let reach = (a - e).abs() / (screen.bound[0] * x_norm(&acts, n_tokens - 1));
+            let (a, e) = (approx[(n_tokens - 1) * padded + probe], exact[(n_tokens - 1) * rows + probe]);
+            let reach = (a - e).abs() / (screen.bound[probe] * x_norm(&acts, n_tokens - 1));
             assert!(reach > 0.6, "{isa:?}: the error reaches only {reach} of the bound");
+            let real: Vec<f32> = approx.chunks_exact(padded).flat_map(|t| t[..rows].to_vec()).collect();
             match &first {
-                None => first = Some(approx),
+                None => first = Some(real),
                 Some(s) => {
-                    for (a, b) in approx.iter().zip(s) {
+                    for (a, b) in real.iter().zip(s) {
                         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{isa:?}: {a} vs scalar {b}");
                     }
                 }
@@ -513,16 +556,13 @@ mod tests {
         xq.iter().enumerate().map(|(i, &q)| (acts.d[t * acts.nb + i / QK] * q as f32).powi(2)).sum::<f32>().sqrt()
     }
 
-    /// The screen's copy of one Q8_0 row, dequantized.
-    fn screen_values(src: &[u8]) -> Vec<f32> {
-        let mut dst = vec![0u8; src.len() / (2 * Q8_0_BYTES) * PAIR_BYTES];
-        screen_row(src, &mut dst, 0.0);
-        dst.chunks_exact(PAIR_BYTES)
-            .flat_map(|p| {
-                let q = unpack(p);
-                let d = [0, 2].map(|o| f16_to_f32(u16::from_le_bytes([p[o], p[o + 1]])));
-                (0..64).map(move |i| d[i / 32] * (q[i] as i32 - 32) as f32)
-            })
+    /// The screen's copy of row `r`, dequantized from its group.
+    fn screen_values(screen: &HeadScreen, r: usize) -> Vec<f32> {
+        let gb = screen.cols / QK * BLOCK_BYTES;
+        let group = &screen.data[r / GROUP * gb..(r / GROUP + 1) * gb];
+        group
+            .chunks_exact(BLOCK_BYTES)
+            .flat_map(|b| (0..QK).map(move |e| scale(b, r % GROUP) * (value(b, r % GROUP, e) as i32 - 32) as f32))
             .collect()
     }
 }

@@ -475,7 +475,7 @@ fn interleaved_kernels_write_only_their_outputs() {
             let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
             let kind = act_kind(ty).unwrap();
             for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
-                let Some(kernel::Kernel::Groups8(group)) = kernel::kernel_for(isa, ty, Layout::Interleaved8) else {
+                let Some(kernel::Kernel::Groups(group)) = kernel::kernel_for(isa, ty, Layout::Interleaved8) else {
                     continue;
                 };
                 for nt in [1, 3, 8] {

@@ -57,17 +57,18 @@ fn forward_then_head(m: &Model, threads: usize, reference: &str) {
     let mut ids = ids_of("prompt_ids");
     ids.extend(ids_of("greedy_ids"));
     let (ctx, d, v) = (ids.len().min(100), m.config.n_embd, m.config.vocab_size);
-    assert!(ctx > 16, "too few reference tokens");
+    const MAX: usize = 16;
+    assert!(ctx > 2 * MAX, "too few reference tokens");
     let mut ws = Workspace::new(threads);
-    let (mut kv, mut hidden) = (m.new_cache(ctx + 8), Vec::new());
-    m.forward(&ids[..ctx - 8], &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
+    let (mut kv, mut hidden) = (m.new_cache(ctx + MAX), Vec::new());
+    m.forward(&ids[..ctx - MAX], &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
     let base = kv.seq_len();
-    let (mut normed, mut logits, mut out) = (vec![0.0; 8 * d], vec![0.0; 8 * v], [0u32; 8]);
-    for n in [1usize, 2, 3, 4, 6, 8] {
+    let (mut normed, mut logits, mut out) = (vec![0.0; MAX * d], vec![0.0; MAX * v], [0u32; MAX]);
+    for n in [1usize, 2, 3, 4, 6, 8, 12, MAX] {
         let mut times = [Vec::new(), Vec::new()];
         for i in 0..400 {
             let t = Instant::now();
-            m.forward(&ids[ctx - 8..ctx - 8 + n], &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
+            m.forward(&ids[ctx - MAX..ctx - MAX + n], &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
             m.final_norm(&hidden[..n * d], &mut normed[..n * d]);
             if i % 2 == 0 {
                 m.head_full(&normed, n, &mut logits, &mut ws);

@@ -85,13 +85,13 @@ pub const SCREEN_MIN_BYTES: usize = 64 << 20;
 pub const SCREEN_MIN_BYTES_VNNI: usize = 16 << 20;
 
 /// Greedy head calls of up to this many rows use the screen (where built), and the interleaved full product above
-/// it: the screen reads 23% fewer bytes but does more work per activation row than the interleaved kernel.
-/// Measured in session 19 with `headbench MODEL 2 REFERENCE.jsonl` (a forward of n rows plus the head's argmax,
-/// real token ids, 200 alternating runs each, median ms, interleaved against screened): SmolLM2 (49,152 rows) 2
-/// rows 4.25 vs 4.02, 3 rows 5.21 vs 4.89, 4 rows 6.30 vs 5.99, 6 rows 7.90 vs 7.63, 8 rows 9.33 vs 9.19; Gemma 3
-/// 270M (262,144 rows) 2 rows 16.07 vs 14.86, 3 rows 17.99 vs 16.46, 4 rows 19.01 vs 16.94, 6 rows 23.11 vs
-/// 22.55, 8 rows 26.15 vs 26.76.
-pub const SCREEN_MAX_ROWS: usize = 6;
+/// it. Since the screen is interleaved like the matmuls (session 20) each further row costs it little, and it won
+/// at every size measured: `headbench MODEL 2 REFERENCE.jsonl` (a forward of n rows plus the head's argmax, real
+/// token ids, 200 alternating runs each, median ms, interleaved against screened), SmolLM2 (49,152 rows) 1 row
+/// 2.68 vs 2.43, 4 rows 4.49 vs 4.13, 8 rows 6.58 vs 5.97, 16 rows 12.23 vs 11.11; Gemma 3 270M (262,144 rows)
+/// 1 row 13.26 vs 10.79, 4 rows 14.83 vs 13.66, 8 rows 20.41 vs 16.46, 16 rows 33.02 vs 26.24. (The row-major
+/// screen before it lost from 8 rows.) Larger calls were not measured.
+pub const SCREEN_MAX_ROWS: usize = 16;
 
 /// The head screen is built on the greedy head call after this many (0.3 s for Gemma's, paid back after ~130
 /// tokens at 1.3 ms each): a short one-shot generation never pays for it, a server or a long generation builds it

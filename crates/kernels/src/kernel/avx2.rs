@@ -348,83 +348,120 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     }
 }
 
-/// The head screen's 6-bit rows ([`crate::screen`]) × `N` Q8_0 activation rows, a pair of blocks per step:
-/// the low nibbles (one 32-byte load, masked and shifted) and the high bit pairs (16 bytes broadcast to both
-/// halves, masked and shifted per half) give `[A0..16 | B0..16]` and `[A16..32 | B16..32]` as unsigned values
-/// `q + 32`, in the order of the activations' pair layout (`Acts::qp`). Per token: two `vpmaddubsw` (each i16
-/// at most 2·63·127, their sum below 2¹⁵), one `vpmaddwd`, the offset off in integers (`Acts::zp`), one
-/// conversion and one FMA with `[dA·dyA x4 | dB·dyB x4]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
-    use crate::screen::PAIR_BYTES;
-    let (npairs, stride, ybase, dbase, zbase) = screen_operands(a, rb, t0, N);
-    let ones = _mm256_set1_epi16(1);
-    for (r, row) in w.chunks_exact(rb).enumerate() {
-        prefetch_ahead(row.as_ptr(), rb);
-        let row = row.as_ptr();
-        let mut acc = [_mm256_setzero_ps(); N];
-        for k in 0..npairs {
-            let (dw, qlo, qhi) = screen_pair(row.add(k * PAIR_BYTES));
-            let off = k * stride;
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let y = ybase.add((off + j) * 64) as *const __m256i;
-                let p16 = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(qlo, _mm256_loadu_si256(y)),
-                    _mm256_maddubs_epi16(qhi, _mm256_loadu_si256(y.add(1))),
-                );
-                let z = _mm256_loadu_si256(zbase.add((off + j) * 8) as *const __m256i);
-                let isum = _mm256_sub_epi32(_mm256_madd_epi16(p16, ones), z);
-                let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dbase.add((off + j) * 8)));
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
-            }
+/// Walks the head screen's groups of 16 interleaved rows ([`crate::screen`], `nb` blocks each): `f(grp, j, n,
+/// out)` for each group and tile of `n ≤ TILE` activation rows from `j`, `out` pointing at the group's first
+/// result for token `j`. Checks the activations and `out` against the shapes.
+#[inline(always)]
+pub(super) unsafe fn for_screen_groups(
+    w: &[u8],
+    cols: usize,
+    a: &Acts,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+    stride: usize,
+    mut f: impl FnMut(*const u8, usize, usize, *mut f32),
+) {
+    use crate::screen::{BLOCK_BYTES, GROUP};
+    let nb = cols / 32;
+    let gb = nb * BLOCK_BYTES;
+    let groups = w.len() / gb;
+    assert!(a.nb == nb && a.cols == cols && nb * 32 == cols && w.len() % gb == 0 && nt >= 1);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.zb.len() >= (t0 + nt) * nb);
+    assert!(out.len() >= (nt - 1) * stride + GROUP * groups);
+    for g in 0..groups {
+        let grp = w.as_ptr().add(g * gb);
+        let mut j = 0;
+        while j < nt {
+            let n = (nt - j).min(super::TILE);
+            f(grp, t0 + j, n, out.as_mut_ptr().add(j * stride + GROUP * g));
+            j += n;
         }
-        hsums(&acc, &mut out[r * N..(r + 1) * N]);
     }
 }
 
-/// Checks that the activations `a` fit screen rows of `rb` bytes for `n` activation rows from `t0`, and returns the
-/// number of block pairs, the activations' row stride and where row `t0`'s pair values (`Acts::qp`), scales
-/// (`Acts::dp4`) and offsets (`Acts::zp`) start.
-pub(super) fn screen_operands(
-    a: &Acts,
-    rb: usize,
-    t0: usize,
-    n: usize,
-) -> (usize, usize, *const i8, *const f32, *const i32) {
-    let (nb, stride) = (a.nb, a.stride);
-    let npairs = nb / 2;
-    assert!(nb % 2 == 0 && rb == npairs * crate::screen::PAIR_BYTES && t0 + n <= stride);
-    assert!(
-        a.qp.len() >= npairs * stride * 64 && a.dp4.len() >= npairs * stride * 8 && a.zp.len() >= npairs * stride * 8
-    );
-    (npairs, stride, a.qp[t0 * 64..].as_ptr(), a.dp4[t0 * 8..].as_ptr(), a.zp[t0 * 8..].as_ptr())
+/// Value register `j` of the head screen's interleaved block (values `4j..4j+4` of each row, unsigned 6-bit):
+/// the low (`j < 4`) or high nibble of `nib` (nibble register `j % 4`) with field `j % 4` of `high` (high-bit
+/// register `j / 4`) moved to bits 4–5 — 16-bit shifts, whose spill into the neighbouring byte the mask drops.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn screen_values<const J: usize>(nib: __m256i, high: __m256i) -> __m256i {
+    let low = if J < 4 { nib } else { _mm256_srli_epi16::<4>(nib) };
+    let h = match J % 4 {
+        0 => _mm256_slli_epi16::<4>(high),
+        1 => _mm256_slli_epi16::<2>(high),
+        2 => high,
+        _ => _mm256_srli_epi16::<2>(high),
+    };
+    _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(0x0F)), _mm256_and_si256(h, _mm256_set1_epi8(0x30)))
 }
 
-/// Unpacks one pair of the head screen's 6-bit blocks at `p` ([`crate::screen`]): the scales `[dA ×4, dB ×4]` and
-/// the unsigned values in the activations' pair order (`Acts::qp`), low and high halves.
+/// One group of the head screen's 16 interleaved rows ([`crate::screen`]) × activation rows `t..t+G`, written
+/// to `out[j * stride + 0..16]`, 8 rows (one 256-bit half of each register) at a time. Per block, value
+/// registers `i` and `4 + i` are `vpmaddubsw`'d with the row's 4 values at `4i` and `16 + 4i` broadcast (each
+/// i16 at most 2·63·127, their sum below 2¹⁵), one `vpmaddwd` widens, and the sum starts at `Acts::zb`; then
+/// one conversion and one FMA with `d_w·d_x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn screen_pair(p: *const u8) -> (__m256, __m256i, __m256i) {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let mask_l = _mm256_setr_m128i(_mm_set1_epi8(0x03), _mm_set1_epi8(0x0C));
-    let mask_h = _mm256_setr_m128i(_mm_set1_epi8(0x30), _mm_set1_epi8(0xC0u8 as i8));
-    let shl = _mm256_setr_epi64x(4, 4, 2, 2);
-    let shr = _mm256_setr_epi64x(0, 0, 2, 2);
-    let dw = scales_x4((p as *const u32).read_unaligned());
-    let ql = _mm256_loadu_si256(p.add(4) as *const __m256i);
-    let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(36) as *const __m128i));
-    let qlo = _mm256_or_si256(_mm256_and_si256(ql, low4), _mm256_sllv_epi64(_mm256_and_si256(h, mask_l), shl));
-    let qhi = _mm256_or_si256(
-        _mm256_and_si256(_mm256_srli_epi16::<4>(ql), low4),
-        _mm256_srlv_epi64(_mm256_and_si256(h, mask_h), shr),
-    );
-    (dw, qlo, qhi)
+unsafe fn screen6_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+    use crate::screen::{BLOCK_BYTES, HIGH, NIBBLES};
+    let (nb, cols) = (a.nb, a.cols);
+    let ones = _mm256_set1_epi16(1);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let (d0, z0) = (a.d.as_ptr().add(t * nb), a.zb.as_ptr().add(t * nb));
+    for half in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); G];
+        for b in 0..nb {
+            let blk = grp.add(b * BLOCK_BYTES);
+            if half == 0 {
+                prefetch_ahead(blk, BLOCK_BYTES);
+            }
+            // (Macros, not closures: closures do not inherit the target features.)
+            macro_rules! reg {
+                ($off:expr) => {
+                    _mm256_loadu_si256(blk.add($off + 32 * half) as *const __m256i)
+                };
+            }
+            let (h0, h1) = (reg!(HIGH), reg!(HIGH + 64));
+            let mut isum = [_mm256_setzero_si256(); G];
+            for (j, isum) in isum.iter_mut().enumerate() {
+                *isum = _mm256_set1_epi32(*z0.add(j * nb + b));
+            }
+            macro_rules! step {
+                ($i:literal) => {{
+                    let nib = reg!(NIBBLES + 64 * $i);
+                    let (lo, hi) = (screen_values::<$i>(nib, h0), screen_values::<{ 4 + $i }>(nib, h1));
+                    for (j, isum) in isum.iter_mut().enumerate() {
+                        let y = y0.add(j * cols + 32 * b + 4 * $i);
+                        let ylo = _mm256_set1_epi32((y as *const i32).read_unaligned());
+                        let yhi = _mm256_set1_epi32((y.add(16) as *const i32).read_unaligned());
+                        let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
+                        *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(p, ones));
+                    }
+                }};
+            }
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d0.add(j * nb + b)));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), scale, *acc);
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(j * stride + 8 * half), *acc);
+        }
+    }
 }
 
-/// The AVX2 [`screen6`] as a row kernel. Only called after `Isa::Avx2.available()`.
-pub(crate) fn screen6_kernel() -> RowKernel {
-    // SAFETY: handed out only when the CPU has avx2, fma and f16c; the screen passes consistent shapes.
-    |w, rb, a, t0, nt, o| unsafe { tile!(screen6, nt, w, rb, a, t0, o) }
+/// The AVX2 head screen kernel ([`crate::screen`]) as a group kernel. Only called after `Isa::Avx2.available()`.
+pub(crate) fn screen6_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `for_screen_groups` checks the shapes.
+    |w, cols, a, t0, nt, o, stride| unsafe {
+        for_screen_groups(w, cols, a, t0, nt, o, stride, |grp, t, n, o| tile!(screen6_tokens, n, grp, a, t, o, stride))
+    }
 }
 
 /// Legacy quant rows × `N` activation rows, one block per step (the previous kernel, kept for

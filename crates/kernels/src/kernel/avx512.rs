@@ -676,38 +676,85 @@ unsafe fn q8_x16_tokens<const G: usize>(
     store_pair_rows(&acc, second, out, stride);
 }
 
-/// The head screen's 6-bit rows ([`crate::screen`]) × `N` activation rows with VNNI: the AVX2 kernel's
-/// `vpmaddubsw` pair, i16 add and `vpmaddwd` become two `vpdpbusd` into the i32 sums (the same integers: 6-bit
-/// values times i8 never saturate i16 there), the `+32` offset taken off as in the AVX2 kernel.
+/// Value register `J` of the head screen's interleaved block, as [`super::avx2::screen_values`] on all 16 rows.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn screen_values<const J: usize>(nib: __m512i, high: __m512i) -> __m512i {
+    let low = if J < 4 { nib } else { _mm512_srli_epi16::<4>(nib) };
+    let h = match J % 4 {
+        0 => _mm512_slli_epi16::<4>(high),
+        1 => _mm512_slli_epi16::<2>(high),
+        2 => high,
+        _ => _mm512_srli_epi16::<2>(high),
+    };
+    _mm512_or_si512(_mm512_and_si512(low, _mm512_set1_epi8(0x0F)), _mm512_and_si512(h, _mm512_set1_epi8(0x30)))
+}
+
+/// One group of the head screen's 16 interleaved rows ([`crate::screen`]) × activation rows `t..t+G` with VNNI,
+/// written to `out[j * stride + 0..16]`: per block, each of the 8 value registers is unpacked once and
+/// `vpdpbusd`'d (unsigned 6-bit values × the row's 4 signed values broadcast) into the rows' i32 sums, which
+/// start at `Acts::zb`; then one conversion and one FMA with `d_w·d_x` per activation row — no horizontal sums.
+/// With few activation rows the low and high value registers add into separate sums (shorter chains).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn screen6<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &mut [f32]) {
-    use crate::screen::PAIR_BYTES;
-    let (npairs, stride, ybase, dbase, zbase) = super::avx2::screen_operands(a, rb, t0, N);
-    for (r, row) in w.chunks_exact(rb).enumerate() {
-        let row = row.as_ptr();
-        // The rows lie one after another: this prefetches the row that comes PREFETCH_BYTES later (another ~8% of
-        // SmolLM2's decode, where the screen is a quarter of the bytes read: medians 104.7 vs 95.9 tok/s).
-        prefetch_ahead(row, rb);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for k in 0..npairs {
-            let (dw, qlo, qhi) = super::avx2::screen_pair(row.add(k * PAIR_BYTES));
-            let off = k * stride;
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let y = ybase.add((off + j) * 64) as *const __m256i;
-                let lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qlo, _mm256_loadu_si256(y));
-                let both = _mm256_dpbusd_epi32(lo, qhi, _mm256_loadu_si256(y.add(1)));
-                let isum = _mm256_sub_epi32(both, _mm256_loadu_si256(zbase.add((off + j) * 8) as *const __m256i));
-                let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(dbase.add((off + j) * 8)));
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
-            }
+#[inline]
+unsafe fn screen6_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+    use crate::screen::{BLOCK_BYTES, HIGH, NIBBLES};
+    let (nb, cols) = (a.nb, a.cols);
+    let split = G <= 4;
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let (d0, z0) = (a.d.as_ptr().add(t * nb), a.zb.as_ptr().add(t * nb));
+    let mut acc = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let blk = grp.add(b * BLOCK_BYTES);
+        prefetch_ahead(blk, BLOCK_BYTES);
+        let h0 = _mm512_loadu_si512(blk.add(HIGH) as *const _);
+        let h1 = _mm512_loadu_si512(blk.add(HIGH + 64) as *const _);
+        let mut lo_sum = [_mm512_setzero_si512(); G];
+        let mut hi_sum = [_mm512_setzero_si512(); G];
+        for (j, s) in lo_sum.iter_mut().enumerate() {
+            *s = _mm512_set1_epi32(*z0.add(j * nb + b));
         }
-        super::avx2::hsums(&acc, &mut out[r * N..(r + 1) * N]);
+        macro_rules! step {
+            ($i:literal) => {{
+                let nib = _mm512_loadu_si512(blk.add(NIBBLES + 64 * $i) as *const _);
+                let (lo, hi) = (screen_values::<$i>(nib, h0), screen_values::<{ 4 + $i }>(nib, h1));
+                for j in 0..G {
+                    let y = y0.add(j * cols + 32 * b + 4 * $i);
+                    let ylo = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                    let yhi = _mm512_set1_epi32((y.add(16) as *const i32).read_unaligned());
+                    lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], lo, ylo);
+                    if split {
+                        hi_sum[j] = _mm512_dpbusd_epi32(hi_sum[j], hi, yhi);
+                    } else {
+                        lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], hi, yhi);
+                    }
+                }
+            }};
+        }
+        step!(0);
+        step!(1);
+        step!(2);
+        step!(3);
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let isum = if split { _mm512_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] };
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d0.add(j * nb + b)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(j * stride), *acc);
     }
 }
 
-/// The VNNI [`screen6`] as a row kernel. Only called after `Isa::Avx512.available()`.
-pub(crate) fn screen6_kernel() -> RowKernel {
-    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; the screen passes consistent
+/// The VNNI head screen kernel ([`crate::screen`]) as a group kernel. Only called after
+/// `Isa::Avx512.available()`.
+pub(crate) fn screen6_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `for_screen_groups` checks the
     // shapes.
-    |w, rb, a, t0, nt, o| unsafe { tile!(screen6, nt, w, rb, a, t0, o) }
+    |w, cols, a, t0, nt, o, stride| unsafe {
+        super::avx2::for_screen_groups(w, cols, a, t0, nt, o, stride, |grp, t, n, o| {
+            tile!(screen6_tokens, n, grp, a, t, o, stride)
+        })
+    }
 }

@@ -46,8 +46,8 @@ pub(crate) const TILE: usize = 8;
 /// (`w.len() / row_bytes` rows) and `j < nt <= TILE`.
 pub(crate) type RowKernel = fn(w: &[u8], row_bytes: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32]);
 
-/// The kernel for a matrix interleaved by 8 rows ([`crate::repack`]): `w` holds whole groups of 8 rows (`cols`
-/// elements each); computes `out[j * out_stride + r] = dot(row r of w, activation row t0 + j)` for `j < nt <=
+/// The kernel for a matrix interleaved by 8 rows ([`crate::repack`]; the head screen's by 16): `w` holds whole
+/// groups of rows (`cols` elements each); computes `out[j * out_stride + r] = dot(row r of w, activation row t0 + j)` for `j < nt <=
 /// TILE`. A row's result does not depend on `nt` or `t0`.
 pub(crate) type GroupKernel =
     fn(w: &[u8], cols: usize, acts: &Acts, t0: usize, nt: usize, out: &mut [f32], out_stride: usize);
@@ -57,15 +57,16 @@ pub(crate) type GroupKernel =
 pub(crate) enum Kernel {
     /// ggml's row-major blocks.
     Rows(RowKernel),
-    /// Groups of 8 rows interleaved block by block.
-    Groups8(GroupKernel),
+    /// Groups of rows interleaved block by block: 8 rows for the matmuls ([`crate::repack`]), 16 for the head
+    /// screen ([`crate::screen`]). The products hand it pieces of whole groups (`ROW_CHUNK`, 16 rows).
+    Groups(GroupKernel),
 }
 
 /// The kernel for weights of type `ty` in `layout` on level `isa` (falls back to scalar).
 pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Option<Kernel> {
     match layout {
         crate::Layout::Rows => row_kernel(isa, ty).map(Kernel::Rows),
-        crate::Layout::Interleaved8 => group_kernel(isa, ty).map(Kernel::Groups8),
+        crate::Layout::Interleaved8 => group_kernel(isa, ty).map(Kernel::Groups),
     }
 }
 

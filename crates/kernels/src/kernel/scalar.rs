@@ -151,27 +151,28 @@ fn dot_q8_0(row: &[u8], a: &Acts, t: usize) -> f32 {
     sumf
 }
 
-/// The head screen's 6-bit rows ([`crate::screen`]) against Q8_0 activations (the `+ 32` offset taken off
-/// through the blocks' `d · Σy`).
-pub(crate) fn screen6(w: &[u8], rb: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32]) {
-    rows(w, rb, a, t0, nt, out, dot_screen6)
-}
-
-fn dot_screen6(row: &[u8], a: &Acts, t: usize) -> f32 {
-    let (qs, d, s) = q8(a, t);
-    let (mut sumf, mut corr) = (0.0f32, 0.0f32);
-    for (k, b) in row.chunks_exact(crate::screen::PAIR_BYTES).enumerate() {
-        let q = crate::screen::unpack(b);
-        for h in 0..2 {
-            let ib = 2 * k + h;
-            let y = &qs[ib * QK..ib * QK + QK];
-            let sumi: i32 = q[32 * h..32 * h + 32].iter().zip(y).map(|(&q, &y)| q as i32 * y as i32).sum();
-            let dw = read_f16(b, 2 * h);
-            sumf += sumi as f32 * (dw * d[ib]);
-            corr += dw * s[ib];
+/// The head screen's interleaved 6-bit groups ([`crate::screen`]) × `nt` Q8_0 activation rows from `t0`, into
+/// `out[j * stride + r]`: per block the integer sum starts at `Acts::zb` (the `+ 32` offset off), then
+/// `acc += sum · (d_w · d_x)` in f32, as the SIMD kernels do (which fuse the multiply-add).
+pub(crate) fn screen6(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    use crate::screen::{scale, value, BLOCK_BYTES, GROUP};
+    let nb = cols / QK;
+    for (g, grp) in w.chunks_exact(nb * BLOCK_BYTES).enumerate() {
+        for j in 0..nt {
+            let t = t0 + j;
+            let (qs, d, _) = q8(a, t);
+            let zb = &a.zb[t * nb..(t + 1) * nb];
+            for r in 0..GROUP {
+                let mut acc = 0.0f32;
+                for (b, blk) in grp.chunks_exact(BLOCK_BYTES).enumerate() {
+                    let y = &qs[b * QK..(b + 1) * QK];
+                    let sum = y.iter().enumerate().fold(zb[b], |s, (e, &y)| s + value(blk, r, e) as i32 * y as i32);
+                    acc += sum as f32 * (scale(blk, r) * d[b]);
+                }
+                out[j * stride + g * GROUP + r] = acc;
+            }
         }
     }
-    sumf - 32.0 * corr
 }
 
 /// Activation slices of token `t` for Q8_K: (qs, d, bsums).
