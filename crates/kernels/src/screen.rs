@@ -54,13 +54,18 @@ pub(crate) const HIGH: usize = NIBBLES + 4 * 64;
 /// Survivors per token above which their exact products are split across the pool.
 const PARALLEL_SURVIVORS: usize = 64;
 
-/// Writes row `r`'s 32 stored values (`q + 32`, each < 64) and scale bits into one group's `block`.
+/// Writes row `r`'s 32 stored values (`q + 32`, each < 64) and scale bits into one group's `block` (its own
+/// 4-byte slot of every register: each row is written once, as a whole).
 fn put(block: &mut [u8], r: usize, dbits: u16, q: &[u8; 32]) {
     block[2 * r..2 * r + 2].copy_from_slice(&dbits.to_le_bytes());
-    for (e, &v) in q.iter().enumerate() {
-        let (j, k) = (e / 4, e % 4);
-        block[NIBBLES + 64 * (j % 4) + 4 * r + k] |= (v & 0x0F) << (4 * (j / 4));
-        block[HIGH + 64 * (j / 4) + 4 * r + k] |= (v >> 4 & 3) << (2 * (j % 4));
+    for i in 0..4 {
+        let nib: [u8; 4] = std::array::from_fn(|k| (q[4 * i + k] & 0x0F) | (q[16 + 4 * i + k] & 0x0F) << 4);
+        block[NIBBLES + 64 * i + 4 * r..][..4].copy_from_slice(&nib);
+    }
+    for h in 0..2 {
+        let high: [u8; 4] =
+            std::array::from_fn(|k| (0..4).fold(0u8, |b, m| b | (q[4 * (4 * h + m) + k] >> 4 & 3) << (2 * m)));
+        block[HIGH + 64 * h + 4 * r..][..4].copy_from_slice(&high);
     }
 }
 

@@ -1,8 +1,9 @@
-//! Times the output head alone: full logits (`head_full`) against the screened greedy argmax (`head_argmax`),
-//! for 1, 2 and 4 rows of real hidden states (the screen forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads] [REFERENCE.jsonl]`
+//! Prints how long building the head screen took, then times the output head alone: full logits (`head_full`)
+//! against the screened greedy argmax (`head_argmax`), for 1, 2 and 4 rows of real hidden states (the screen
+//! forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads] [REFERENCE.jsonl]`
 //!
 //! With a reference file (`../shared/reference/*.greedy_*.jsonl`; its first record's prompt and greedy ids are
-//! the tokens), it then times what a tree verification pays instead: a forward of n rows after ~90 tokens of
+//! the tokens), it then times what a tree verification pays instead: a forward of n = 1–16 rows after ~80 tokens of
 //! context plus the head's argmax, with the interleaved full product or the screen, alternating 200 times each
 //! (the body's weights pass through the caches in between, as in decoding). Medians, ms.
 use model::{Model, Workspace};
@@ -14,7 +15,9 @@ fn main() {
     let threads = args.get(2).map_or(2, |s| s.parse().unwrap());
     let (d, v) = (m.config.n_embd, m.config.vocab_size);
     let mut ws = Workspace::new(threads);
+    let built = Instant::now();
     assert!(m.force_head_screen(threads), "no head screen for this head");
+    println!("screen built in {:.1} ms on {threads} threads", built.elapsed().as_secs_f64() * 1e3);
     // Real hidden states: the last 8 rows of a forward over fixed token ids.
     let ids: Vec<u32> = (0..40u32).map(|i| 300 + i * 37).collect();
     let (mut kv, mut hidden) = (m.new_cache(64), Vec::new());

@@ -74,15 +74,13 @@ pub const X8_AFTER_ROWS: usize = 256;
 #[allow(dead_code)]
 const FA_TILE_Q: usize = 64;
 
-/// Heads at least this large (Q8_0 bytes) use the head screen for greedy argmax by default. Measured on a
-/// 2-core AVX2 machine: Gemma 3 270M's 178 MB head decodes ~20% faster with it, SmolLM2's 30 MB head (much of
-/// it staying in a 32 MB L3) no faster.
-pub const SCREEN_MIN_BYTES: usize = 64 << 20;
-
-/// [`SCREEN_MIN_BYTES`] where the kernels use AVX-512 VNNI: there the head product is memory-bound, and on the
-/// 2-core Zen 4 SmolLM2 (30 MB head) decodes 1–10% faster with the screen (`specee bench -p 16 -n 128 -r 3`,
-/// `SPECEE_HEAD_SCREEN=1` vs `0`, alternating, two sessions of 3 rounds; the machine is noisy).
-pub const SCREEN_MIN_BYTES_VNNI: usize = 16 << 20;
+/// Heads at least this large (Q8_0 bytes) use the head screen for greedy argmax by default, on every instruction
+/// set. Until session 19 AVX2 machines needed 64 MB (Gemma 3 270M's 178 MB head decoded ~20% faster with the
+/// row-major screen on a 2-core AVX2 machine, SmolLM2's 30 MB one, much of it staying in a 32 MB L3, no faster)
+/// and AVX-512 VNNI ones 16 MB. With the interleaved screen, SmolLM2 on the 2-vCPU Sapphire Rapids VM with the AVX2
+/// kernels (`SPECEE_KERNEL=avx2`, `SPECEE_HEAD_SCREEN=1` vs `0`, session 20): `bench -p 16 -n 128 -r 3` decodes
+/// 342.8 vs 324.7 and 327.9 vs 315.3 tok/s (alternating), the eagle chat bench 406.3 vs 355.7 tok/s.
+pub const SCREEN_MIN_BYTES: usize = 16 << 20;
 
 /// Greedy head calls of up to this many rows use the screen (where built), and the interleaved full product above
 /// it. Since the screen is interleaved like the matmuls (session 20) each further row costs it little, and it won
@@ -568,11 +566,10 @@ impl Model {
     }
 
     /// Whether greedy calls use the screen: as `SPECEE_HEAD_SCREEN` says (`setting`), else for a Q8_0 head of at
-    /// least [`SCREEN_MIN_BYTES`] ([`SCREEN_MIN_BYTES_VNNI`] with AVX-512 VNNI kernels).
+    /// least [`SCREEN_MIN_BYTES`].
     fn screen_wanted(&self, setting: Option<bool>) -> bool {
         let head = self.qmatrix(&self.weights.output);
-        let min = if kernels::vnni() { SCREEN_MIN_BYTES_VNNI } else { SCREEN_MIN_BYTES };
-        setting.unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= min)
+        setting.unwrap_or(head.ty == gguf::GgmlType::Q8_0 && head.data.len() >= SCREEN_MIN_BYTES)
     }
 
     /// Builds the screen on `threads` threads, once, if it is wanted or `force`d; `SPECEE_HEAD_SCREEN=0` always
