@@ -206,10 +206,16 @@ impl Attention<'_> {
             // 1. The visible slots in order (shared by the row's heads).
             if j != listed_row {
                 listed_row = j;
-                nv = 0;
                 let pj = positions[j] as i64;
                 let in_window = |s: usize| window.is_none_or(|w| pj - (pc[s] as i64) < w as i64);
-                for s in 0..total {
+                // Without a sliding window every cached slot is seen: written as a run (which vectorises), so that
+                // only the batch's own rows are checked one by one.
+                let from = if window.is_none() { base } else { 0 };
+                for (i, s) in slots[..from].iter_mut().enumerate() {
+                    *s = i as u32;
+                }
+                nv = from;
+                for s in from..total {
                     let seen = s < base
                         || match mask {
                             Mask::Causal => s - base <= j,
