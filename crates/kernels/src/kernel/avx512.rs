@@ -508,17 +508,7 @@ unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
             let p = pair_reg(b0, b1, regs + 32 * i);
             let lo = _mm512_and_si512(p, low4);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low4);
-            for j in 0..G {
-                let y = y0.add(j * cols + 32 * b + 4 * i);
-                let ylo = _mm512_set1_epi32((y as *const i32).read_unaligned());
-                let yhi = _mm512_set1_epi32((y.add(16) as *const i32).read_unaligned());
-                lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], lo, ylo);
-                if split {
-                    hi_sum[j] = _mm512_dpbusd_epi32(hi_sum[j], hi, yhi);
-                } else {
-                    lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], hi, yhi);
-                }
-            }
+            dot_tokens(lo, hi, y0.add(32 * b + 4 * i), cols, split, &mut lo_sum, &mut hi_sum);
         }
         let dw = pair_f16(b0, b1, 0);
         let cw = if MIN { pair_f16(b0, b1, 16) } else { _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)) };
@@ -530,6 +520,33 @@ unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
         }
     }
     store_pair_rows(&acc, second, out, stride);
+}
+
+/// For each activation row `j < G`: the 16 rows' unsigned values `lo` (4 per row) times the row's 4 signed values at
+/// `y + j * cols`, and `hi` times the 4 at 16 further, `vpdpbusd`'d into `lo_sum[j]` and `hi_sum[j]` (both into
+/// `lo_sum[j]` unless `split`: with few rows, two shorter chains).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dot_tokens<const G: usize>(
+    lo: __m512i,
+    hi: __m512i,
+    y: *const i8,
+    cols: usize,
+    split: bool,
+    lo_sum: &mut [__m512i; G],
+    hi_sum: &mut [__m512i; G],
+) {
+    for j in 0..G {
+        let yj = y.add(j * cols);
+        let ylo = _mm512_set1_epi32((yj as *const i32).read_unaligned());
+        let yhi = _mm512_set1_epi32((yj.add(16) as *const i32).read_unaligned());
+        lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], lo, ylo);
+        if split {
+            hi_sum[j] = _mm512_dpbusd_epi32(hi_sum[j], hi, yhi);
+        } else {
+            lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], hi, yhi);
+        }
+    }
 }
 
 /// The interleaved Q4_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
@@ -718,17 +735,7 @@ unsafe fn screen6_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
             ($i:literal) => {{
                 let nib = _mm512_loadu_si512(blk.add(NIBBLES + 64 * $i) as *const _);
                 let (lo, hi) = (screen_values::<$i>(nib, h0), screen_values::<{ 4 + $i }>(nib, h1));
-                for j in 0..G {
-                    let y = y0.add(j * cols + 32 * b + 4 * $i);
-                    let ylo = _mm512_set1_epi32((y as *const i32).read_unaligned());
-                    let yhi = _mm512_set1_epi32((y.add(16) as *const i32).read_unaligned());
-                    lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], lo, ylo);
-                    if split {
-                        hi_sum[j] = _mm512_dpbusd_epi32(hi_sum[j], hi, yhi);
-                    } else {
-                        lo_sum[j] = _mm512_dpbusd_epi32(lo_sum[j], hi, yhi);
-                    }
-                }
+                dot_tokens(lo, hi, y0.add(32 * b + 4 * $i), cols, split, &mut lo_sum, &mut hi_sum);
             }};
         }
         step!(0);
