@@ -445,8 +445,9 @@ mod tests {
         let bytes = quantize_q8_0_weights(&f);
         let w = QMatrix::new(GgmlType::Q8_0, &bytes, rows, cols).unwrap();
         let screen = HeadScreen::new(&w, 3).unwrap();
-        assert_eq!(screen.bytes(), 63 * cols / QK * BLOCK_BYTES); // 1,000 rows in 63 groups, the last one padded
-                                                                  // Activations along the shared direction (every logit close), one aimed at the duplicates.
+        // 1,000 rows in 63 groups, the last one padded.
+        assert_eq!(screen.bytes(), 63 * cols / QK * BLOCK_BYTES);
+        // Activations along the shared direction (every logit close), one aimed at the duplicates.
         let mut x: Vec<f32> = (0..n_tokens * cols).map(|i| base[i % cols] + 0.2 * next()).collect();
         for c in 0..cols {
             x[c] = f[17 * cols + c] * 10.0;

@@ -348,9 +348,9 @@ unsafe fn q8_0<const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: usize, out: &m
     }
 }
 
-/// Walks the head screen's groups of 16 interleaved rows ([`crate::screen`], `nb` blocks each): `f(grp, j, n,
-/// out)` for each group and tile of `n ≤ TILE` activation rows from `j`, `out` pointing at the group's first
-/// result for token `j`. Checks the activations and `out` against the shapes.
+/// Walks the head screen's groups of 16 interleaved rows ([`crate::screen`], `nb` blocks each): `f(grp, t, n,
+/// out)` for each group and tile of `n ≤ TILE` activation rows from row `t` (from `t0` on), `out` pointing at the
+/// group's first result for that tile's first row. Checks the activations and `out` against the shapes.
 #[inline(always)]
 pub(super) unsafe fn for_screen_groups(
     w: &[u8],
