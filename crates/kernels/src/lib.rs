@@ -72,10 +72,5 @@ pub fn detected_isa() -> &'static str {
     kernel::Isa::current().name()
 }
 
-/// Whether the kernels in this process use AVX-512 VNNI (where their products are compute-bound far less often).
-pub fn vnni() -> bool {
-    kernel::Isa::current() == kernel::Isa::Avx512
-}
-
 #[cfg(test)]
 mod tests;
