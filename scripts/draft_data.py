@@ -16,6 +16,8 @@ Usage: python3 scripts/draft_data.py OUT_DIR [--max-man N] [--max-pydoc N]
 Writes OUT_DIR/train.jsonl and OUT_DIR/heldout.jsonl and prints counts.
        python3 scripts/draft_data.py OUT_DIR --extra N
 Adds a disjoint second set (OUT_DIR/extra-train.jsonl, extra-heldout.jsonl; see `extra`).
+       python3 scripts/draft_data.py OUT_DIR --third N
+Adds a third set, chat prompts only, split by the same keys (OUT_DIR/third-train.jsonl, third-heldout.jsonl; see `third`).
 """
 
 import argparse
@@ -182,6 +184,11 @@ HUMAN_EVAL_TEMPLATES = [
     "Complete the following Python function:\n\n```python\n{p}```",
     "Implement this function in Python and explain your solution briefly:\n\n```python\n{p}```",
 ]
+# Two more phrasings of each stub for the third set (`--third`).
+HUMAN_EVAL_TEMPLATES_THIRD = [
+    "Write the body of this Python function. Keep it simple:\n\n```python\n{p}```",
+    "Here is a function signature with its docstring. Write a correct implementation and one test:\n\n```python\n{p}```",
+]
 MAN_TEMPLATES = [
     "What does the `{name}` command do? Show a typical example.",
     "How do I use `{name}`? ({desc})",
@@ -204,6 +211,72 @@ PYDOC_TEMPLATES = [
     "Explain what the Python module `{name}` is for and show a short example.",
     "How do I use the `{name}` module in Python?",
 ]
+
+# Topic lists for the third set (`--third`): prompts are templates × topics, so the set is large without being
+# hand-written one by one. Nothing here repeats a held-out hand-written prompt's subject (the sea, Romeo and Juliet,
+# tomato soup, recursion, photosynthesis, compound interest, evolution, how the internet works, big-O, earthquakes,
+# car engines, cells, stocks and bonds, cloud computing, search engines, ...).
+THIRD_CONCEPTS = """gravity; electricity; magnetism; the immune system; democracy; supply and demand; opportunity cost;
+the placebo effect; entropy; natural selection in bacteria; plate tectonics; the scientific method; a hash table; a
+compiler; an operating system; encryption; public-key cryptography; a database index; version control; unit testing;
+a neural network; overfitting in machine learning; probability; the median and the mean; a prime factorization;
+a derivative in calculus; an integral; a vector; a matrix; the speed of light; a rainbow; tides; the ozone layer;
+renewable energy; nuclear fission; solar panels; a battery; the human heart; sleep cycles; metabolism; antibiotics;
+inflation targeting by central banks; a budget deficit; a mortgage; insurance; a credit score; the stock market
+index; a supply chain; marketing; copyright; a contract; the rule of law; the Renaissance; the industrial revolution;
+the printing press; the Roman Empire; ancient Egypt; the Silk Road; a haiku as a poetic form; a sonnet; irony;
+a metaphor; the passive voice; a regular expression; a linked list; a stack and a queue; a binary tree; a sorting
+algorithm; a race condition; a deadlock; a memory leak; garbage collection; a REST API; JSON; HTTP status codes;
+DNS; a firewall; a virtual machine; a container; caching; a load balancer""".replace("\n", " ").split("; ")
+THIRD_THINGS = """a lighthouse in a storm; a city waking up; a forgotten library; the first snow of winter; a mountain
+village; a train journey at dawn; an old clock; a garden in spring; a desert at noon; a lost dog finding its way home;
+a child's first day at school; a thunderstorm; a quiet café; a spaceship leaving Earth; a dragon who is afraid of
+fire; a detective solving a small mystery; a friendship between a fox and a crow; a baker who works at night; a
+message in a bottle; a festival of lanterns; the moon over a lake; an abandoned railway station; a kite on a windy
+day; a market in the morning; a river flowing to the ocean; a grandmother's kitchen; a violin player on the street;
+a snowman that comes alive; a time traveller who misses the bus; a small island""".replace("\n", " ").split("; ")
+THIRD_TASKS = """learn a new language quickly; prepare for an exam; start running as a beginner; write a good CV;
+organise my week; plant a vegetable garden; bake bread at home; keep a houseplant alive; set up a home network;
+back up my files; choose a laptop; write a cover letter; negotiate a salary; learn to play the guitar; cook rice
+properly; make a budget; clean a cast-iron pan; fall asleep faster; give constructive feedback; run an effective
+meeting; learn to touch type; start a podcast; make friends in a new city; write clearly; take better photos with
+a phone; read more books; stop procrastinating; remember names; train a puppy; plan a trip on a small budget;
+speak confidently in meetings; make a cup of tea; learn to code; secure my passwords; write a short essay""".replace(
+    "\n", " ").split("; ")
+THIRD_CODE = """checks whether a number is prime; counts the vowels in a string; merges two sorted lists; finds the
+largest element of a list; removes duplicates from a list while keeping the order; computes the factorial of a
+number iteratively; checks whether a string is a palindrome; converts Celsius to Fahrenheit; counts the words in a
+text file; returns the n-th Fibonacci number; flattens a nested list; computes the average of a list of numbers;
+finds the most common element of a list; checks whether two strings are anagrams; sorts a list of tuples by the
+second element; reads a CSV file and prints each row; returns the intersection of two lists; capitalizes each word
+of a sentence; converts a decimal number to binary; validates an email address with a regular expression; computes
+the greatest common divisor of two numbers; generates a random password; transposes a matrix; finds all even numbers
+in a list; computes the sum of the digits of a number; groups words by their first letter; implements a simple
+stack class; parses a date string; counts the lines in a file; finds the second largest number in a list""".replace(
+    "\n", " ").split("; ")
+THIRD_PAIRS = """a compiler and an interpreter; HTTP and HTTPS; a process and a thread; weather and a forecast model;
+a lake and a pond; speed and velocity; mass and weight; a democracy and a republic; a hurricane and a tornado;
+a crocodile and an alligator; a violin and a viola; baking soda and baking powder; a virus and a worm in computing;
+SQL and NoSQL databases; Python 2 and Python 3; a static and a dynamic type system; latency and bandwidth; a
+library and a framework; git merge and git rebase; a CPU and a GPU; RAM and cache memory; an asteroid and a comet;
+a simile and a metaphor; affect and effect; a loan and a lease; revenue and profit""".replace("\n", " ").split("; ")
+THIRD_TEMPLATES = {
+    "concept": ["Explain {x} in simple terms.", "What is {x}? Give an example.",
+                "Why does {x} matter? Answer in a short paragraph."],
+    "thing": ["Write a short poem about {x}.", "Write a very short story about {x}.", "Describe {x} in a few vivid sentences."],
+    "task": ["How do I {x}?", "Give me step-by-step advice on how to {x}.", "What are five tips to {x}?"],
+    "code": ["Write a Python function that {x}.", "Show me how to write a function that {x}, and explain it.",
+             "Write a short JavaScript function that {x}."],
+    "pair": ["What is the difference between {x}?"],
+}
+# More phrasings for the man pages of the third set.
+MAN_TEMPLATES_THIRD = [
+    "What is the `{name}` command used for? ({desc})",
+    "Show me how to use `{name}` with a practical example.",
+    "Explain `{name}` ({desc}) to a beginner.",
+    "What are the most useful options of `{name}`?",
+    "When would I use `{name}`? Give an example command line.",
+] + MAN_TEMPLATES + MAN_TEMPLATES_EXTRA
 
 PYDOC_MODULES = """abc argparse array ast asyncio base64 bisect bz2 calendar cmath collections colorsys configparser
 contextlib copy csv dataclasses datetime decimal difflib dis email enum filecmp fnmatch fractions functools getopt
@@ -241,10 +314,17 @@ def man_pages(limit: int, exclude=frozenset(), spread: bool = False) -> list:
     paths = sorted(glob.glob("/usr/share/man/man1/*.1.gz"))
     if spread:
         paths.sort(key=lambda p: hashlib.sha256(os.path.basename(p).encode()).digest())
+    families = {}
     for path in paths:
         name = os.path.basename(path)[: -len(".1.gz")]
         if name in exclude or not name.replace("-", "").replace("_", "").isalnum() or len(name) < 2:
             continue
+        if spread:
+            # At most three pages per family (see `man_descriptions`).
+            family = name.replace("_", "-").split("-", 1)[0]
+            families[family] = families.get(family, 0) + 1
+            if families[family] > 3:
+                continue
         env = dict(os.environ, MANWIDTH="80", LC_ALL="C.UTF-8")
         try:
             text = subprocess.run(["man", "-P", "cat", path], capture_output=True, text=True, env=env,
@@ -295,7 +375,7 @@ class Splits:
             print(f"{split}: {n_chat} chat prompts, {len(records) - n_chat} texts")
 
 
-def pydoc_functions(modules: list, per_module: int) -> list:
+def pydoc_functions(modules: list, per_module: int, skip: int = 0) -> list:
     """(module, dotted name) of up to `per_module` public functions/classes with a docstring per module."""
     import importlib
     out = []
@@ -309,7 +389,7 @@ def pydoc_functions(modules: list, per_module: int) -> list:
                  and getattr(mod, n).__doc__.strip()]
         # A stable spread over the module's names rather than the alphabetically first ones.
         names.sort(key=lambda n: hashlib.sha256(f"{module}.{n}".encode()).digest())
-        out.extend((module, f"{module}.{n}") for n in names[:per_module])
+        out.extend((module, f"{module}.{n}") for n in names[skip:skip + per_module])
     return out
 
 
@@ -341,6 +421,61 @@ def extra(out_dir: str, n_man: int, text_every: int, per_module: int) -> None:
     splits.write(out_dir, "extra-")
 
 
+def man_descriptions() -> list:
+    """(name, description) of the section-1 man pages the machine's index knows (`apropos`: no rendering, so
+    thousands cost nothing), in the order of a stable hash of the name; at most three per family (the name up to
+    its first `-` or `_`), since some packages ship thousands of near-identical pages (cloud SDK subcommands)."""
+    text = subprocess.run(["apropos", "-l", "-s", "1", "."], capture_output=True, text=True,
+                          env=dict(os.environ, LC_ALL="C.UTF-8")).stdout
+    out = {}
+    for line in text.splitlines():
+        head, _, desc = line.partition(" - ")
+        name = head.split(" (", 1)[0].strip()
+        desc = desc.strip().rstrip(".")
+        if (name and desc and len(name) >= 2 and name.replace("-", "").replace("_", "").isalnum()
+                and "unknown subject" not in desc):
+            out.setdefault(name, desc)
+    families = {}
+    kept = []
+    for name, desc in sorted(out.items(), key=lambda kv: hashlib.sha256(kv[0].encode()).digest()):
+        family = name.replace("_", "-").split("-", 1)[0]
+        families[family] = families.get(family, 0) + 1
+        if families[family] <= 3:
+            kept.append((name, desc))
+    return kept
+
+
+def third(out_dir: str, phrasings: int, per_module: int) -> None:
+    """A third set of chat prompts (OUT_DIR/third-{train,heldout}.jsonl), chat prompts only (the model's own
+    answers are what the head must learn): templates × the topic lists above (keys `third/KIND/N`); `phrasings`
+    new phrasings (MAN_TEMPLATES_THIRD) for every man page the index describes, those of the earlier sets
+    included; two more phrasings of every HumanEval stub; `per_module` more functions of each training-split pydoc
+    module (after the three of `--extra`). New prompts about an earlier item keep its key, hence its split: a
+    held-out item stays held out."""
+    splits = Splits()
+    lists = {"concept": THIRD_CONCEPTS, "thing": THIRD_THINGS, "task": THIRD_TASKS, "code": THIRD_CODE,
+             "pair": THIRD_PAIRS}
+    for kind, items in lists.items():
+        for i, item in enumerate(items):
+            for template in THIRD_TEMPLATES[kind]:
+                # One key per topic: all phrasings of a topic land in the same split.
+                splits.put(f"third/{kind}/{i}", chat(template.format(x=item.strip())))
+    for j, (name, desc) in enumerate(man_descriptions()):
+        for k in range(phrasings):
+            template = MAN_TEMPLATES_THIRD[(j + k) % 5]
+            splits.put(f"man/{name}", chat(template.format(name=name, desc=desc)))
+    for problem in human_eval():
+        for template in HUMAN_EVAL_TEMPLATES_THIRD:
+            splits.put(f"humaneval/{problem['task_id']}", chat(template.format(p=problem["prompt"])))
+    modules = [m for m in PYDOC_MODULES if not heldout(f"pydoc/{m}")]
+    for j, (module, name) in enumerate(pydoc_functions(modules, per_module, skip=3)):
+        record = chat(PYDOC_FUNCTION_TEMPLATES[(j + 1) % len(PYDOC_FUNCTION_TEMPLATES)].format(name=name))
+        record["source"] = f"pydoc/{module}/{name}"
+        splits.train.append(record)
+    random.Random(7).shuffle(splits.train)
+    splits.write(out_dir, "third-")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -351,8 +486,15 @@ def main() -> None:
                          "function-level pydoc prompts) to OUT/extra-{train,heldout}.jsonl")
     ap.add_argument("--extra-text-every", type=int, default=2, help="a raw-text record for every K-th new man page")
     ap.add_argument("--extra-per-module", type=int, default=3, help="function prompts per training module")
+    ap.add_argument("--third", type=int, default=0, metavar="N",
+                    help="write only a third set (the topic-list prompts, N new phrasings for every man page, two "
+                         "for every HumanEval stub, more pydoc functions) to OUT/third-{train,heldout}.jsonl")
+    ap.add_argument("--third-per-module", type=int, default=6, help="more function prompts per training module")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.third:
+        third(args.out, args.third, args.third_per_module)
+        return
     if args.extra:
         extra(args.out, args.extra, args.extra_text_every, args.extra_per_module)
         return
