@@ -276,7 +276,7 @@ MAN_TEMPLATES_THIRD = [
     "Explain `{name}` ({desc}) to a beginner.",
     "What are the most useful options of `{name}`?",
     "When would I use `{name}`? Give an example command line.",
-] + MAN_TEMPLATES + MAN_TEMPLATES_EXTRA
+]
 
 PYDOC_MODULES = """abc argparse array ast asyncio base64 bisect bz2 calendar cmath collections colorsys configparser
 contextlib copy csv dataclasses datetime decimal difflib dis email enum filecmp fnmatch fractions functools getopt
@@ -306,25 +306,33 @@ def human_eval() -> list:
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
 
+def family_cap(limit: int):
+    """A filter passing at most `limit` man pages per family (the name up to its first `-` or `_`): some packages
+    ship thousands of near-identical pages (a cloud SDK's subcommands), which would drown a spread sample."""
+    seen = {}
+
+    def keep(name: str) -> bool:
+        family = name.replace("_", "-").split("-", 1)[0]
+        seen[family] = seen.get(family, 0) + 1
+        return seen[family] <= limit
+    return keep
+
+
 def man_pages(limit: int, exclude=frozenset(), spread: bool = False) -> list:
     """(name, one-line description, rendered text) of up to `limit` section-1 man pages, in name order, or
-    (`spread`) in the order of a stable hash of the name, so a sample covers the whole alphabet. Names in
-    `exclude` are skipped."""
+    (`spread`) in the order of a stable hash of the name, so a sample covers the whole alphabet, at most three per
+    family (`family_cap`). Names in `exclude` are skipped."""
     out = []
     paths = sorted(glob.glob("/usr/share/man/man1/*.1.gz"))
     if spread:
         paths.sort(key=lambda p: hashlib.sha256(os.path.basename(p).encode()).digest())
-    families = {}
+    keep = family_cap(3)
     for path in paths:
         name = os.path.basename(path)[: -len(".1.gz")]
         if name in exclude or not name.replace("-", "").replace("_", "").isalnum() or len(name) < 2:
             continue
-        if spread:
-            # At most three pages per family (see `man_descriptions`).
-            family = name.replace("_", "-").split("-", 1)[0]
-            families[family] = families.get(family, 0) + 1
-            if families[family] > 3:
-                continue
+        if spread and not keep(name):
+            continue
         env = dict(os.environ, MANWIDTH="80", LC_ALL="C.UTF-8")
         try:
             text = subprocess.run(["man", "-P", "cat", path], capture_output=True, text=True, env=env,
@@ -423,8 +431,7 @@ def extra(out_dir: str, n_man: int, text_every: int, per_module: int) -> None:
 
 def man_descriptions() -> list:
     """(name, description) of the section-1 man pages the machine's index knows (`apropos`: no rendering, so
-    thousands cost nothing), in the order of a stable hash of the name; at most three per family (the name up to
-    its first `-` or `_`), since some packages ship thousands of near-identical pages (cloud SDK subcommands)."""
+    thousands cost nothing), in the order of a stable hash of the name, at most three per family (`family_cap`)."""
     text = subprocess.run(["apropos", "-l", "-s", "1", "."], capture_output=True, text=True,
                           env=dict(os.environ, LC_ALL="C.UTF-8")).stdout
     out = {}
@@ -435,14 +442,8 @@ def man_descriptions() -> list:
         if (name and desc and len(name) >= 2 and name.replace("-", "").replace("_", "").isalnum()
                 and "unknown subject" not in desc):
             out.setdefault(name, desc)
-    families = {}
-    kept = []
-    for name, desc in sorted(out.items(), key=lambda kv: hashlib.sha256(kv[0].encode()).digest()):
-        family = name.replace("_", "-").split("-", 1)[0]
-        families[family] = families.get(family, 0) + 1
-        if families[family] <= 3:
-            kept.append((name, desc))
-    return kept
+    keep = family_cap(3)
+    return [(n, d) for n, d in sorted(out.items(), key=lambda kv: hashlib.sha256(kv[0].encode()).digest()) if keep(n)]
 
 
 def third(out_dir: str, phrasings: int, per_module: int) -> None:
@@ -462,7 +463,7 @@ def third(out_dir: str, phrasings: int, per_module: int) -> None:
                 splits.put(f"third/{kind}/{i}", chat(template.format(x=item.strip())))
     for j, (name, desc) in enumerate(man_descriptions()):
         for k in range(phrasings):
-            template = MAN_TEMPLATES_THIRD[(j + k) % 5]
+            template = MAN_TEMPLATES_THIRD[(j + k) % len(MAN_TEMPLATES_THIRD)]
             splits.put(f"man/{name}", chat(template.format(name=name, desc=desc)))
     for problem in human_eval():
         for template in HUMAN_EVAL_TEMPLATES_THIRD:
