@@ -306,6 +306,11 @@ def human_eval() -> list:
     return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
 
+def command_name(name: str) -> bool:
+    """Whether a man page's name reads as a command worth a prompt: two or more letters, digits, `-` or `_`."""
+    return len(name) >= 2 and name.replace("-", "").replace("_", "").isalnum()
+
+
 def family_cap(limit: int):
     """A filter passing at most `limit` man pages per family (the name up to its first `-` or `_`): some packages
     ship thousands of near-identical pages (a cloud SDK's subcommands), which would drown a spread sample."""
@@ -329,7 +334,7 @@ def man_pages(limit: int, exclude=frozenset(), spread: bool = False) -> list:
     keep = family_cap(3)
     for path in paths:
         name = os.path.basename(path)[: -len(".1.gz")]
-        if name in exclude or not name.replace("-", "").replace("_", "").isalnum() or len(name) < 2:
+        if name in exclude or not command_name(name):
             continue
         if spread and not keep(name):
             continue
@@ -439,8 +444,7 @@ def man_descriptions() -> list:
         head, _, desc = line.partition(" - ")
         name = head.split(" (", 1)[0].strip()
         desc = desc.strip().rstrip(".")
-        if (name and desc and len(name) >= 2 and name.replace("-", "").replace("_", "").isalnum()
-                and "unknown subject" not in desc):
+        if command_name(name) and desc and "unknown subject" not in desc:
             out.setdefault(name, desc)
     keep = family_cap(3)
     return [(n, d) for n, d in sorted(out.items(), key=lambda kv: hashlib.sha256(kv[0].encode()).digest()) if keep(n)]
