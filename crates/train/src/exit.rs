@@ -172,12 +172,16 @@ impl ExitData {
 
 /// Traces the model over `records` (see the module header), calling `progress(done, tokens)` after each.
 /// Chat records are answered greedily (at most `max_new` tokens, stopping at end of generation); texts are
-/// teacher-forced after their first 16 tokens (at most `max_input` tokens).
+/// teacher-forced after their first 16 tokens (at most `max_input` tokens). With `perfect_head` every record is
+/// traced twice, the second time with each step's dense top-1 forced among the candidates
+/// ([`SpecEeDecoder::force_candidate`]): the data of a perfect draft head, whose [`oracle`] is the ceiling of
+/// early exit on the model whatever head gives the candidates.
 pub fn collect_exit(
     engine: &Engine,
     head: DraftHead,
     records: &[Record],
     opts: CollectOptions,
+    perfect_head: bool,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ExitData, TrainError> {
     let model = &engine.model;
@@ -187,7 +191,6 @@ pub fn collect_exit(
     let mut dec = SpecEeDecoder::new(model, ctx, opts.threads, &head, &predictors, SpecEeConfig::default());
     let mut data = ExitData { n_layers, ..Default::default() };
     for (i, record) in records.iter().enumerate() {
-        dec.reset();
         let (mut ids, chat) = match record {
             Record::Chat(messages) => (engine.tokenize_prompt(&crate::data::render_chat(engine, messages)?), true),
             Record::Text(text) => (engine.tokenize_prompt(text), false),
@@ -198,19 +201,33 @@ pub fn collect_exit(
             progress(i + 1, data.len());
             continue;
         }
-        let mut next = dec.feed(&ids[..prompt_len])?;
-        let steps = if chat { opts.max_new } else { ids.len() - prompt_len };
-        for k in 0..steps {
-            let token = if chat { next } else { ids[prompt_len + k] };
-            if chat && engine.tokenizer.is_eog(token) {
-                break;
+        let mut trace = |data: &mut ExitData, forced: Option<&[u32]>| -> Result<(), TrainError> {
+            dec.reset();
+            let mut next = dec.feed(&ids[..prompt_len])?;
+            let steps = if chat { opts.max_new } else { ids.len() - prompt_len };
+            for k in 0..steps {
+                let token = if chat { next } else { ids[prompt_len + k] };
+                if chat && engine.tokenizer.is_eog(token) {
+                    break;
+                }
+                if let Some(&f) = forced.and_then(|f| f.get(k)) {
+                    dec.force_candidate(f);
+                }
+                let step = dec.step_trace(token, &mut data.s, &mut data.upd)?;
+                data.cand.extend_from_slice(&step.candidates);
+                data.cand_lp.extend_from_slice(&step.draft_log_probs);
+                data.target.push(step.token);
+                data.group.push(i as u32);
+                next = step.token;
             }
-            let step = dec.step_trace(token, &mut data.s, &mut data.upd)?;
-            data.cand.extend_from_slice(&step.candidates);
-            data.cand_lp.extend_from_slice(&step.draft_log_probs);
-            data.target.push(step.token);
-            data.group.push(i as u32);
-            next = step.token;
+            Ok(())
+        };
+        if perfect_head {
+            let mut dense = ExitData { n_layers, ..Default::default() };
+            trace(&mut dense, None)?;
+            trace(&mut data, Some(&dense.target))?;
+        } else {
+            trace(&mut data, None)?;
         }
         progress(i + 1, data.len());
     }

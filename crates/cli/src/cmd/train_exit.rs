@@ -64,6 +64,11 @@ pub struct Args {
     /// Most layers in the offline set.
     #[arg(long, default_value_t = 8)]
     pub max_offline: usize,
+    /// Only measure the ceiling of early exit with a perfect draft head: trace with each token's dense top-1
+    /// forced among the candidates (cached as `EXIT.perfect-trace.safetensors`), print what a perfect predictor
+    /// would reach on it, and stop (no predictors are written).
+    #[arg(long)]
+    pub perfect_head: bool,
     #[command(flatten)]
     pub collect: CollectArgs,
 }
@@ -83,7 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
-    let cache = sibling(&a.out, "trace.safetensors");
+    let cache = sibling(&a.out, if a.perfect_head { "perfect-trace.safetensors" } else { "trace.safetensors" });
     let start = std::time::Instant::now();
     let data = if cache.exists() {
         eprintln!("using traced data {}", cache.display());
@@ -95,7 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         let opts = a.collect.options(a.model.threads());
         let bar = train::progress_bar(true, records.len() as u64, &format!("tracing {}", a.data.display()));
-        let data = collect_exit(&engine, head, &records, opts, |done, tokens| {
+        let data = collect_exit(&engine, head, &records, opts, a.perfect_head, |done, tokens| {
             bar.set_position(done as u64);
             bar.set_message(format!("{tokens} tokens"));
             if !console_is_terminal() && done % 50 == 0 {
@@ -115,6 +120,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         n_val,
         reachable as f64 / data.len().max(1) as f64
     );
+    if a.perfect_head {
+        let o = oracle(&data);
+        eprintln!(
+            "ceiling with a perfect draft head and a perfect predictor (validation split): {:.1}% of tokens exit, \
+             {:.2} of {} layers per token",
+            100.0 * o.exit_rate,
+            o.avg_layers,
+            data.n_layers
+        );
+        let share = |c: usize| 100.0 * c as f64 / o.histogram.iter().sum::<usize>().max(1) as f64;
+        let layers: Vec<String> = o
+            .histogram
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| c > 0)
+            .map(|(l, &c)| match l < data.n_layers {
+                true => format!("{}:{:.1}%", l + 1, share(c)),
+                false => format!("none:{:.1}%", share(c)),
+            })
+            .collect();
+        eprintln!("tokens by the layer they would exit after: {}", layers.join(" "));
+        return Ok(());
+    }
     let topts = ExitTrainOptions {
         hidden: a.hidden,
         epochs: a.epochs,

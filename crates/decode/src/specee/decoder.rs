@@ -213,6 +213,8 @@ pub struct SpecEeDecoder<'m> {
     pending: Vec<Pending>,
     batch: Vec<f32>,
     batch_pos: Vec<u32>,
+    /// A token the next step's candidates must include ([`SpecEeDecoder::force_candidate`]).
+    forced: Option<u32>,
 }
 
 impl<'m> SpecEeDecoder<'m> {
@@ -256,6 +258,7 @@ impl<'m> SpecEeDecoder<'m> {
             pending: Vec::new(),
             batch: Vec::new(),
             batch_pos: Vec::new(),
+            forced: None,
         }
     }
 
@@ -296,6 +299,15 @@ impl<'m> SpecEeDecoder<'m> {
         self.feature.clear();
         self.pending.clear();
         self.scheduler.reset();
+        self.forced = None;
+    }
+
+    /// Makes the next step's candidates include `token`: in the last slot, with its draft log-probability (or,
+    /// outside the draft vocabulary, one below the others'), when the head did not propose it. Given the dense
+    /// top-1 this is a perfect draft head, for measuring what early exit could reach with one
+    /// (`specee train-exit --perfect-head`).
+    pub fn force_candidate(&mut self, token: u32) {
+        self.forced = Some(token);
     }
 
     /// Full-vocabulary logits of the last [`SpecEeDecoder::feed`], or of the last step run with `want_logits`
@@ -374,6 +386,11 @@ impl<'m> SpecEeDecoder<'m> {
         // A head with fewer than 4 draft tokens repeats its best one (harmless: the features see equal logits).
         for j in self.order.len().min(CANDIDATES)..CANDIDATES {
             (cand[j], lp[j]) = (cand[0], lp[0]);
+        }
+        if let Some(f) = self.forced.take().filter(|f| !cand.contains(f)) {
+            let own = self.head.d2t.iter().position(|&t| t == f).map(|j| logits[j] - log_sum);
+            let lowest = lp.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+            (cand[CANDIDATES - 1], lp[CANDIDATES - 1]) = (f, own.unwrap_or(lowest - 1.0));
         }
         self.stats.draft_time += t0.elapsed();
         Ok((cand, lp))
@@ -612,6 +629,37 @@ mod tests {
                 assert!((-1.0..=1.0 + 1e-6).contains(&u[0]) && u[1] > 0.0, "{arch}: update {u:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_forced_candidate_joins_the_next_steps_candidates_only() {
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let (head, predictors) = parts(&model);
+        let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, SpecEeConfig::default());
+        let (mut s, mut u) = (Vec::new(), Vec::new());
+        let first = dec.feed(&PROMPT).unwrap();
+        let plain = dec.step_trace(first, &mut s, &mut u).unwrap();
+        // A token the head did not propose (the tiny vocabulary has more than 4 tokens).
+        let outsider = (0..model.config.vocab_size as u32).find(|t| !plain.candidates.contains(t)).unwrap();
+        dec.reset();
+        assert_eq!(dec.feed(&PROMPT).unwrap(), first);
+        dec.force_candidate(outsider);
+        let forced = dec.step_trace(first, &mut s, &mut u).unwrap();
+        assert_eq!(forced.candidates[..CANDIDATES - 1], plain.candidates[..CANDIDATES - 1]);
+        assert_eq!(forced.candidates[CANDIDATES - 1], outsider);
+        assert!(forced.draft_log_probs[CANDIDATES - 1] < forced.draft_log_probs[CANDIDATES - 2]);
+        assert_eq!(forced.token, plain.token, "forcing changes the candidates, not the dense token");
+        // Used once: the step after proposes the head's own candidates again.
+        let after = dec.step_trace(forced.token, &mut s, &mut u).unwrap();
+        dec.reset();
+        dec.feed(&PROMPT).unwrap();
+        dec.step_trace(first, &mut s, &mut u).unwrap();
+        assert_eq!(after.candidates, dec.step_trace(plain.token, &mut s, &mut u).unwrap().candidates);
+        // A candidate the head proposed anyway stays where it is.
+        dec.reset();
+        dec.feed(&PROMPT).unwrap();
+        dec.force_candidate(plain.candidates[1]);
+        assert_eq!(dec.step_trace(first, &mut s, &mut u).unwrap().candidates, plain.candidates);
     }
 
     #[test]
