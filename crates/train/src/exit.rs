@@ -645,21 +645,27 @@ pub fn simulate(data: &ExitData, layers: &[Option<Mlp>], threshold: f32) -> Simu
     }
 }
 
-/// What a perfect predictor would do on the validation tokens: exit at the earliest layer from which the best
-/// candidate stays the dense top-1 through the last layer (no exit when the top-1 is not a candidate). The
+/// The layer after which a perfect predictor exits token `t`: the earliest from which the best candidate stays the
+/// dense top-1 through the last layer (`n_layers` when the top-1 is not a candidate: no exit).
+fn oracle_exit(data: &ExitData, t: usize) -> usize {
+    let mut exit = data.n_layers;
+    for l in (0..data.n_pred()).rev() {
+        if !data.label(t, l) {
+            break;
+        }
+        exit = l;
+    }
+    exit
+}
+
+/// What a perfect predictor would do on the validation tokens: exit every token at [`oracle_exit`]. The
 /// ceiling of early exit with these candidates on this model.
 pub fn oracle(data: &ExitData) -> Simulation {
     let mut hist = vec![0usize; data.n_layers + 1];
     let (mut tokens, mut layer_sum) = (0usize, 0usize);
     for t in (0..data.len()).filter(|&t| data.is_validation(t)) {
         tokens += 1;
-        let mut exit = data.n_layers;
-        for l in (0..data.n_pred()).rev() {
-            if !data.label(t, l) {
-                break;
-            }
-            exit = l;
-        }
+        let exit = oracle_exit(data, t);
         hist[exit] += 1;
         layer_sum += (exit + 1).min(data.n_layers);
     }
@@ -670,6 +676,26 @@ pub fn oracle(data: &ExitData) -> Simulation {
         avg_layers: per(layer_sum),
         agreement: 1.0,
         histogram: hist,
+    }
+}
+
+/// Layers a perfect predictor runs per forward that commits `k` consecutive tokens at once (a speculative tree's
+/// accepted path): a forward stops only when every one of them settled, so this is the mean over the validation
+/// split's windows of `k` consecutive tokens of one record of their largest [`oracle_exit`] layer count. The
+/// ceiling of early exit inside tree verification (`--mode specee-eagle`) at acceptance length `k`.
+pub fn oracle_window_layers(data: &ExitData, k: usize) -> f64 {
+    let layers = |t: usize| (oracle_exit(data, t) + 1).min(data.n_layers);
+    let (mut windows, mut sum) = (0usize, 0usize);
+    for t in (0..data.len()).filter(|&t| data.is_validation(t) && t + k <= data.len()) {
+        if k > 0 && data.group[t + k - 1] == data.group[t] {
+            windows += 1;
+            sum += (t..t + k).map(layers).max().unwrap_or(0);
+        }
+    }
+    if windows == 0 {
+        0.0
+    } else {
+        sum as f64 / windows as f64
     }
 }
 
@@ -841,6 +867,13 @@ mod tests {
         let want = val.iter().map(|&t| (3 + (t * 7) % 9) as f64).sum::<f64>() / val.len() as f64;
         assert!((o.avg_layers - want).abs() < 1e-9, "{} vs {want}", o.avg_layers);
         assert!(chosen.avg_layers >= o.avg_layers);
+        // Windows of one token are the oracle itself; of two, the later settling of each consecutive pair in a
+        // record (records are 8 tokens: pairs from positions 0..7 of each).
+        assert!((oracle_window_layers(&data, 1) - o.avg_layers).abs() < 1e-9);
+        let settle = |t: usize| 3 + (t * 7) % 9;
+        let pairs: Vec<usize> = val.iter().filter(|&&t| t % 8 < 7).map(|&t| settle(t).max(settle(t + 1))).collect();
+        let want2 = pairs.iter().sum::<usize>() as f64 / pairs.len() as f64;
+        assert!((oracle_window_layers(&data, 2) - want2).abs() < 1e-9, "{} vs {want2}", oracle_window_layers(&data, 2));
     }
 
     #[test]

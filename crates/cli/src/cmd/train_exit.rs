@@ -13,8 +13,8 @@ use anyhow::Context;
 use std::path::PathBuf;
 use train::data::read_records;
 use train::exit::{
-    calibrate_temperatures, choose_schedule, collect_exit, oracle, plot_histogram, train_exit, ExitData,
-    ExitTrainOptions,
+    calibrate_temperatures, choose_schedule, collect_exit, oracle, oracle_window_layers, plot_histogram, train_exit,
+    ExitData, ExitTrainOptions,
 };
 
 #[derive(clap::Args, Debug)]
@@ -141,6 +141,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             })
             .collect();
         eprintln!("tokens by the layer they would exit after: {}", layers.join(" "));
+        let windows: Vec<String> =
+            (2..=4).map(|k| format!("{k} tokens {:.2}", oracle_window_layers(&data, k))).collect();
+        eprintln!(
+            "layers per forward that commits k consecutive tokens (a tree's accepted path; the forward runs until all \
+             settled): {}",
+            windows.join(", ")
+        );
         return Ok(());
     }
     let topts = ExitTrainOptions {
