@@ -55,18 +55,18 @@ pub struct Model {
     head_screen: std::sync::OnceLock<Option<HeadScreen>>,
     /// Greedy head calls made before the screen was built ([`SCREEN_AFTER_CALLS`]).
     greedy_calls: std::sync::atomic::AtomicUsize,
-    /// The head interleaved by 8 rows for products over several rows ([`Model::head_full`]), built on first use;
+    /// The head interleaved by 8 rows for full-logit products ([`Model::head_full`]), built on first use;
     /// `None` where interleaving does not pay ([`kernels::repack::interleave_pays`]) or `SPECEE_HEAD_X8=0`.
     head_x8: std::sync::OnceLock<Option<Box<[u8]>>>,
-    /// Rows multiplied by the head in multi-row products before `head_x8` was built ([`X8_AFTER_ROWS`]).
+    /// Rows multiplied by the full head before `head_x8` was built ([`X8_AFTER_ROWS`]).
     x8_rows: std::sync::atomic::AtomicUsize,
     /// Greedy calls use the screen for any number of rows ([`Model::force_head_screen`]).
     screen_forced: std::sync::atomic::AtomicBool,
 }
 
-/// The interleaved head ([`Model::head_x8`]) is built once this many rows went through multi-row head products:
-/// at once for perplexity or `eval` chunks, after ~128 two-row tree verifications. Gemma 3 270M's build takes
-/// ~0.2 s and saves ~1–3 ms per 2-row product on the 2-core AVX-512 machine.
+/// The interleaved head ([`Model::head_x8`]) is built once this many rows went through full-logit head products:
+/// at once for perplexity or `eval` chunks, after ~128 two-row tree verifications or 256 sampled tokens. Gemma 3
+/// 270M's build takes ~0.2 s and saves ~1–3 ms per 2-row product on the 2-core AVX-512 machine.
 pub const X8_AFTER_ROWS: usize = 256;
 
 /// llama.cpp switches batches of at least this many rows to its tiled flash-attention path (`GGML_FA_TILE_Q`).
@@ -447,11 +447,11 @@ impl Model {
         }
     }
 
-    /// Full-vocabulary logits of `n` normed rows into `logits` (`n × vocab`). Several rows are multiplied by the
-    /// head interleaved by 8 rows where that pays ([`Model::head_x8`]; the same numbers up to float summation
-    /// order), one row by the head as stored.
+    /// Full-vocabulary logits of `n` normed rows into `logits` (`n × vocab`), multiplied by the head interleaved
+    /// by 8 rows where that pays ([`Model::head_x8`]; the same numbers up to float summation order), else by the
+    /// head as stored.
     pub fn head_full(&self, normed: &[f32], n: usize, logits: &mut [f32], ws: &mut Workspace) {
-        let x8 = if n >= 2 { self.head_x8(n) } else { None };
+        let x8 = self.head_x8(n);
         self.head_product(x8, normed, n, logits, ws);
     }
 
@@ -468,13 +468,15 @@ impl Model {
         matmul(&ws.pool, &head, &normed[..n * self.config.n_embd], n, &mut logits[..n * v], &mut ws.mm);
     }
 
-    /// The head interleaved by 8 rows ([`kernels::repack::interleave8`]) for products over several rows: with
-    /// AVX-512 VNNI a Q8_0 head interleaved multiplies 2 rows in the time of one and 8 rows in ~1.5–2.6×
-    /// (vs ~1.4× and ~3–3.9× as stored; `kbench`), at the cost of a second copy (32 bytes more per 8 rows and
-    /// block than the file: +34 MB for SmolLM2, +199 MB for Gemma 3 270M). Single rows keep the stored head (its
-    /// rows are also read one by one: embeddings, the screen's exact rows). `SPECEE_HEAD_X8=0` turns it off.
+    /// The head interleaved by 8 rows ([`kernels::repack::interleave8`]) for full-logit products: with AVX-512
+    /// VNNI a Q8_0 head interleaved multiplies 2 rows in the time of one and 8 rows in ~1.5–2.6× (vs ~1.4× and
+    /// ~3–3.9× as stored; `kbench`), at the cost of a second copy (32 bytes more per 8 rows and block than the
+    /// file: +34 MB for SmolLM2, +199 MB for Gemma 3 270M). Single rows use it too since session 22 (sampled
+    /// decoding: a one-row forward with full logits, `kprof MODEL 1 2`, 5% faster on SmolLM2 and 4–6% on Gemma);
+    /// greedy single rows go through the screen ([`Model::head_argmax`]), embeddings and the screen's exact rows
+    /// read the stored head. `SPECEE_HEAD_X8=0` turns it off.
     ///
-    /// Built once [`X8_AFTER_ROWS`] rows went through multi-row head products (`rows` is this call's), so a short
+    /// Built once [`X8_AFTER_ROWS`] rows went through full-logit head products (`rows` is this call's), so a short
     /// generation does not pay the build (Gemma's: 0.2 s); [`Model::warm_head_screen`] builds it at once.
     fn head_x8(&self, rows: usize) -> Option<&[u8]> {
         if let Some(built) = self.head_x8.get() {

@@ -124,9 +124,9 @@ fn empty_greedy_step_is_an_error() {
     assert_eq!(m.forward_argmax(&[1, 2, 3], &mut kv2, &mut ws, &mut h).unwrap(), first_max(&logits));
 }
 
-/// Several rows through the head interleaved by 8 rows (where the CPU makes it pay: AVX-512 VNNI) give the stored
-/// head's logits up to float summation order and the same greedy tokens; elsewhere the same call takes the stored
-/// head, and this test compares it with itself.
+/// Rows through the head interleaved by 8 rows (where the CPU makes it pay: AVX-512 VNNI), several at once and one
+/// at a time, give the stored head's logits up to float summation order and the same greedy tokens; elsewhere
+/// `head_full` takes the stored head, and this test compares it with itself.
 fn check_interleaved_head(model_file: &str, reference: &str) {
     let dir = std::env::var_os("SPECEE_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("models"));
     let m = Model::load(dir.join(model_file)).unwrap();
@@ -143,13 +143,18 @@ fn check_interleaved_head(model_file: &str, reference: &str) {
     m.head_full(&normed, n, &mut batched, &mut ws);
     let mut tokens = vec![0u32; n];
     m.head_argmax(&normed, n, &mut tokens, &mut ws);
-    let mut single = vec![0.0f32; v];
+    let (mut single, mut stored) = (vec![0.0f32; v], vec![0.0f32; v]);
+    let mut scratch = kernels::MatmulScratch::default();
     for r in 0..n {
-        m.head_full(&normed[r * d..(r + 1) * d], 1, &mut single, &mut ws);
-        let scale = single.iter().fold(1.0f32, |a, x| a.max(x.abs()));
-        for (i, (a, b)) in batched[r * v..(r + 1) * v].iter().zip(&single).enumerate() {
-            assert!((a - b).abs() <= 1e-4 * scale, "{model_file} row {r} logit {i}: {a} vs {b}");
+        let row = &normed[r * d..(r + 1) * d];
+        m.head_full(row, 1, &mut single, &mut ws);
+        kernels::matmul(ws.pool(), &m.output_matrix(), row, 1, &mut stored, &mut scratch);
+        let scale = stored.iter().fold(1.0f32, |a, x| a.max(x.abs()));
+        for (i, ((a, b), c)) in batched[r * v..(r + 1) * v].iter().zip(&single).zip(&stored).enumerate() {
+            assert!((a - c).abs() <= 1e-4 * scale, "{model_file} row {r} logit {i}: batched {a} vs stored {c}");
+            assert!((b - c).abs() <= 1e-4 * scale, "{model_file} row {r} logit {i}: one row {b} vs stored {c}");
         }
+        assert_eq!(tokens[r], first_max(&stored), "{model_file} row {r}");
         assert_eq!(tokens[r], first_max(&single), "{model_file} row {r}");
     }
 }
