@@ -163,7 +163,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let (layers, _reports) = train_exit(&data, &topts, |line| eprintln!("{line}"))?;
     let train_s = t0.elapsed().as_secs_f64();
-    let grid = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99];
+    let grid = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995];
     let (schedule, chosen, sims) =
         choose_schedule(&data, &layers, &grid, a.target_agreement, 0.9, a.max_offline.max(1));
     let o = oracle(&data);
@@ -176,10 +176,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     eprintln!("simulated exits on the validation split (every predictor active):");
     eprintln!("  threshold  exit-rate  avg-layers  agreement");
     for s in &sims {
-        eprintln!("  {:>9.2}  {:>9.3}  {:>10.2}  {:>9.4}", s.threshold, s.exit_rate, s.avg_layers, s.agreement);
+        eprintln!("  {:>9.3}  {:>9.3}  {:>10.2}  {:>9.4}", s.threshold, s.exit_rate, s.avg_layers, s.agreement);
     }
     eprintln!(
-        "chosen: unverified threshold {:.2} (agreement {:.4}, {:.2} layers); offline layers {:?}",
+        "chosen: unverified threshold {:.3} (agreement {:.4}, {:.2} layers); offline layers {:?}",
         chosen.threshold, chosen.agreement, chosen.avg_layers, schedule.offline
     );
     let base = model_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
