@@ -684,12 +684,12 @@ pub fn oracle(data: &ExitData) -> Simulation {
 /// split's windows of `k` consecutive tokens of one record of their largest [`oracle_exit`] layer count. The
 /// ceiling of early exit inside tree verification (`--mode specee-eagle`) at acceptance length `k`.
 pub fn oracle_window_layers(data: &ExitData, k: usize) -> f64 {
-    let layers = |t: usize| (oracle_exit(data, t) + 1).min(data.n_layers);
+    let layers: Vec<usize> = (0..data.len()).map(|t| (oracle_exit(data, t) + 1).min(data.n_layers)).collect();
     let (mut windows, mut sum) = (0usize, 0usize);
     for t in (0..data.len()).filter(|&t| data.is_validation(t) && t + k <= data.len()) {
         if k > 0 && data.group[t + k - 1] == data.group[t] {
             windows += 1;
-            sum += (t..t + k).map(layers).max().unwrap_or(0);
+            sum += layers[t..t + k].iter().max().copied().unwrap_or(0);
         }
     }
     if windows == 0 {
