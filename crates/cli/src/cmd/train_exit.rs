@@ -121,33 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reachable as f64 / data.len().max(1) as f64
     );
     if a.perfect_head {
-        let o = oracle(&data);
-        eprintln!(
-            "ceiling with a perfect draft head and a perfect predictor (validation split): {:.1}% of tokens exit, \
-             {:.2} of {} layers per token",
-            100.0 * o.exit_rate,
-            o.avg_layers,
-            data.n_layers
-        );
-        let share = |c: usize| 100.0 * c as f64 / o.histogram.iter().sum::<usize>().max(1) as f64;
-        let layers: Vec<String> = o
-            .histogram
-            .iter()
-            .enumerate()
-            .filter(|&(_, &c)| c > 0)
-            .map(|(l, &c)| match l < data.n_layers {
-                true => format!("{}:{:.1}%", l + 1, share(c)),
-                false => format!("none:{:.1}%", share(c)),
-            })
-            .collect();
-        eprintln!("tokens by the layer they would exit after: {}", layers.join(" "));
-        let windows: Vec<String> =
-            (2..=4).map(|k| format!("{k} tokens {:.2}", oracle_window_layers(&data, k))).collect();
-        eprintln!(
-            "layers per forward that commits k consecutive tokens (a tree's accepted path; the forward runs until all \
-             settled): {}",
-            windows.join(", ")
-        );
+        report_perfect_head(&data);
         return Ok(());
     }
     let topts = ExitTrainOptions {
@@ -166,13 +140,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let grid = [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995];
     let (schedule, chosen, sims) =
         choose_schedule(&data, &layers, &grid, a.target_agreement, 0.9, a.max_offline.max(1));
-    let o = oracle(&data);
-    eprintln!(
-        "ceiling (a perfect predictor on the validation split): {:.1}% of tokens exit, {:.2} of {} layers per token",
-        100.0 * o.exit_rate,
-        o.avg_layers,
-        data.n_layers
-    );
+    eprintln!("{}", ceiling_line("a perfect predictor", &data));
     eprintln!("simulated exits on the validation split (every predictor active):");
     eprintln!("  threshold  exit-rate  avg-layers  agreement");
     for s in &sims {
@@ -246,4 +214,40 @@ fn calibrate(engine: &engine::Engine, a: &Args, predictors: &mut decode::specee:
 fn console_is_terminal() -> bool {
     use std::io::IsTerminal;
     std::io::stderr().is_terminal()
+}
+
+/// What a perfect predictor reaches on the validation split of `data` ([`oracle`]), as one line.
+fn ceiling_line(who: &str, data: &ExitData) -> String {
+    let o = oracle(data);
+    format!(
+        "ceiling ({who} on the validation split): {:.1}% of tokens exit, {:.2} of {} layers per token",
+        100.0 * o.exit_rate,
+        o.avg_layers,
+        data.n_layers
+    )
+}
+
+/// `--perfect-head`: the ceiling of a perfect head and predictor, the layer each token would exit after, and the
+/// layers per forward committing k consecutive tokens ([`oracle_window_layers`]).
+fn report_perfect_head(data: &ExitData) {
+    eprintln!("{}", ceiling_line("a perfect draft head and a perfect predictor", data));
+    let o = oracle(data);
+    let share = |c: usize| 100.0 * c as f64 / o.histogram.iter().sum::<usize>().max(1) as f64;
+    let layers: Vec<String> = o
+        .histogram
+        .iter()
+        .enumerate()
+        .filter(|&(_, &c)| c > 0)
+        .map(|(l, &c)| match l < data.n_layers {
+            true => format!("{}:{:.1}%", l + 1, share(c)),
+            false => format!("none:{:.1}%", share(c)),
+        })
+        .collect();
+    eprintln!("tokens by the layer they would exit after: {}", layers.join(" "));
+    let windows: Vec<String> = (2..=4).map(|k| format!("{k} tokens {:.2}", oracle_window_layers(data, k))).collect();
+    eprintln!(
+        "layers per forward that commits k consecutive tokens (a tree's accepted path; the forward runs until all \
+         settled): {}",
+        windows.join(", ")
+    );
 }
