@@ -320,23 +320,38 @@ fn train_draft_joins_record_files_and_collects_each_once() {
 }
 
 /// A context that fills before `-n` tokens: generation stops there with exit status 0 and says why (a stderr
-/// line, `finish_reason: context_full` in `--json`), in dense and eagle mode.
+/// line, `finish_reason: context_full` in `--json`), in every mode after the same number of tokens: the cache's 20
+/// plus the last one, emitted without entering it. The lossless modes, and `generate` without `--mode` (which
+/// runs eagle for greedy decoding with the shipped head), give dense's ids; sampled decoding stays dense.
 #[test]
 fn generate_says_when_the_context_is_full() {
     let m = smollm2();
     let m = m.to_str().unwrap();
-    for mode in ["dense", "eagle"] {
-        let args =
-            ["generate", "-m", m, "-p", "Once upon a time", "-n", "50", "-c", "20", "--ignore-eos", "--mode", mode];
+    let base = ["generate", "-m", m, "-p", "Once upon a time", "-n", "50", "-c", "20", "--ignore-eos"];
+    let mut dense_ids = None;
+    for (mode, ran) in
+        [("dense", "dense"), ("eagle", "eagle"), ("specee", "specee"), ("specee-eagle", "specee-eagle"), ("", "eagle")]
+    {
+        let mut args = base.to_vec();
+        if !mode.is_empty() {
+            args.extend(["--mode", mode]);
+        }
         let o = specee(&args, Duration::from_secs(120));
         assert!(o.status.success(), "{mode}: {}", stderr(&o));
         assert!(stderr(&o).contains("the context of 20 tokens is full"), "{mode}: {}", stderr(&o));
+        assert!(stderr(&o).contains(&format!("tok/s ({ran})")), "{mode}: {}", stderr(&o));
         let o = specee(&args.iter().chain(&["--json"]).copied().collect::<Vec<_>>(), Duration::from_secs(120));
         let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
         assert_eq!(got["finish_reason"], "context_full", "{mode}");
+        assert_eq!(got["mode"], ran, "{mode}");
         let used = ids(&got["prompt_ids"]).len() + ids(&got["generated_ids"]).len();
-        // The last token is emitted without entering the cache, so up to 21 tokens fit in 20 slots.
-        assert!((16..=21).contains(&used), "{mode}: {used} tokens in a context of 20");
+        assert_eq!(used, 21, "{mode}: {used} tokens in a context of 20");
+        let generated = ids(&got["generated_ids"]);
+        match mode {
+            "dense" => dense_ids = Some(generated),
+            "specee" | "specee-eagle" => {}
+            _ => assert_eq!(Some(generated), dense_ids, "{mode}"),
+        }
     }
     let o = specee(
         &["generate", "-m", m, "-p", "Once upon a time", "-n", "3", "--ignore-eos", "--json"],
@@ -344,6 +359,12 @@ fn generate_says_when_the_context_is_full() {
     );
     let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(got["finish_reason"], "length");
+    let o = specee(
+        &["generate", "-m", m, "-p", "Once upon a time", "-n", "3", "--temp", "0.7", "--json"],
+        Duration::from_secs(120),
+    );
+    let got: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(got["mode"], "dense", "sampled decoding without --mode");
 }
 
 /// Tree modes keep the prompt's last token for their first step: a 1-token prompt prefills nothing, so it reports no

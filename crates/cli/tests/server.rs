@@ -353,7 +353,9 @@ fn malformed_requests_get_json_errors() {
     assert_eq!(r.status, 200, "{r:?}");
     let metrics = server.request("GET", "/metrics", b"").body;
     assert!(metrics.contains("specee_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"}"), "{metrics}");
-    assert!(metrics.contains("specee_exit_layer_average{mode=\"dense\"} 30"), "{metrics}");
+    // Greedy requests without a mode run eagle (`--mode auto`, the default), which the model's shipped head allows.
+    assert!(metrics.contains("specee_generations_total{mode=\"eagle\",finish=\"length\"} 2"), "{metrics}");
+    assert!(metrics.contains("specee_generations_total{mode=\"dense\",finish=\"length\"} 0"), "{metrics}");
 }
 
 #[test]
@@ -419,7 +421,7 @@ fn full_server_answers_429_and_a_disconnect_frees_the_slot() {
     drop(stream);
     server.wait_idle(Duration::from_secs(60));
     let metrics = server.request("GET", "/metrics", b"").body;
-    assert!(metrics.contains("specee_generations_total{mode=\"dense\",finish=\"cancelled\"} 1"), "{metrics}");
+    assert!(metrics.contains("specee_generations_total{mode=\"eagle\",finish=\"cancelled\"} 1"), "{metrics}");
     let r = server.post_json("/v1/chat/completions", &chat_body(2));
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(server.request("GET", "/health", b"").status, 200);

@@ -60,8 +60,9 @@ pub struct Config {
     pub host: String,
     /// Port; 0 picks a free one (the address is printed on stdout).
     pub port: u16,
-    /// Decoding mode of requests that do not choose one.
-    pub mode: Mode,
+    /// Decoding mode of requests that do not choose one; `None` ("auto", the default): eagle for greedy
+    /// requests when the draft head is loaded, dense otherwise.
+    pub mode: Option<Mode>,
     /// Requests generated at once.
     pub parallel: usize,
     /// Requests that may wait for a slot; more get 429.
@@ -83,7 +84,7 @@ impl Default for Config {
         Config {
             host: "127.0.0.1".into(),
             port: 8080,
-            mode: Mode::Dense,
+            mode: None,
             parallel: 1,
             queue: 8,
             ctx: 4096,
@@ -111,9 +112,14 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
     let n_layers = engine.model.config.n_layers;
     let unavailable: Vec<(Mode, &'static str)> =
         Mode::ALL.iter().filter_map(|&m| config.resources.missing(m).map(|why| (m, why))).collect();
-    if let Some((m, why)) = unavailable.iter().find(|(m, _)| *m == config.mode) {
+    if let Some((m, why)) = unavailable.iter().find(|(m, _)| Some(*m) == config.mode) {
         return Err(ServerError::Config(format!("--mode {} cannot run: {why}", m.name())));
     }
+    let mode_label = match config.mode {
+        Some(m) => m.name(),
+        None if unavailable.iter().any(|(m, _)| *m == Mode::Eagle) => "auto (dense: no draft head)",
+        None => "auto (eagle for greedy requests, dense for sampled ones)",
+    };
     let defaults = RequestDefaults { mode: config.mode, vocab_size: engine.tokenizer.vocab_size(), unavailable };
     let metrics = Arc::new(Metrics::new(config.queue, config.parallel, n_layers));
     let scheduler_config = SchedulerConfig {
@@ -138,12 +144,7 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
     }
     eprintln!(
         "specee serve: model {}, mode {}, parallel {}, queue {}, context {}, {} thread(s) per request",
-        config.model_id,
-        config.mode.name(),
-        config.parallel,
-        config.queue,
-        config.ctx,
-        scheduler_config.threads_per_request
+        config.model_id, mode_label, config.parallel, config.queue, config.ctx, scheduler_config.threads_per_request
     );
     // Tests and scripts read the address from this line.
     println!("listening on http://{local}");

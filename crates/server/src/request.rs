@@ -53,11 +53,25 @@ pub struct GenerationRequest {
 /// Server-wide settings requests fall back on.
 #[derive(Clone, Debug)]
 pub struct RequestDefaults {
-    pub mode: Mode,
+    /// The mode of requests that do not choose one; `None` ("auto"): eagle for greedy requests when the server
+    /// can run it (the same tokens as dense, sooner), dense otherwise.
+    pub mode: Option<Mode>,
     /// Largest valid token id + 1.
     pub vocab_size: usize,
     /// Modes this server cannot run, with the reason (see [`crate::mode::ModeResources::missing`]).
     pub unavailable: Vec<(Mode, &'static str)>,
+}
+
+impl RequestDefaults {
+    /// The "auto" mode's choice for a request sampling with `sampling`.
+    pub fn auto(&self, sampling: &SamplingParams) -> Mode {
+        let eagle = !self.unavailable.iter().any(|(m, _)| *m == Mode::Eagle);
+        if eagle && sampling.is_greedy() {
+            Mode::Eagle
+        } else {
+            Mode::Dense
+        }
+    }
 }
 
 /// Parses a JSON body into `T`; syntax and type errors become 400s naming the field.
@@ -223,12 +237,12 @@ impl Common {
         let mut stop_at_eog = true;
         if let Some(x) = self.specee {
             if let Some(name) = x.mode {
-                mode = Mode::parse(&name).ok_or_else(|| {
+                mode = Some(Mode::parse(&name).ok_or_else(|| {
                     ApiError::invalid_param(
                         "specee.mode",
                         format!("unknown decoding mode '{name}' (available: {})", Mode::names()),
                     )
-                })?;
+                })?);
             }
             if let Some(k) = x.top_k {
                 sampling.top_k = usize::try_from(k).map_err(|_| {
@@ -255,6 +269,7 @@ impl Common {
             }
             stop_at_eog = !x.ignore_eos.unwrap_or(false);
         }
+        let mode = mode.unwrap_or_else(|| defaults.auto(&sampling));
         if let Some((_, why)) = defaults.unavailable.iter().find(|(m, _)| *m == mode) {
             return Err(ApiError::invalid_param(
                 "specee.mode",
@@ -452,7 +467,7 @@ mod tests {
     use crate::wire::{ChatCompletionRequest, CompletionRequest};
 
     fn defaults() -> RequestDefaults {
-        RequestDefaults { mode: Mode::Dense, vocab_size: 100, unavailable: vec![(Mode::Specee, "no predictors")] }
+        RequestDefaults { mode: Some(Mode::Dense), vocab_size: 100, unavailable: vec![(Mode::Specee, "no predictors")] }
     }
 
     fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
@@ -511,6 +526,21 @@ mod tests {
         assert_eq!(r.mode, Mode::SpeceeEagle);
         let e = parse(r#""temperature": 0, "specee": {"mode": "specee"}"#, &defaults()).unwrap_err();
         assert!(e.to_string().contains("not available on this server: no predictors"), "{e}");
+    }
+
+    #[test]
+    fn auto_picks_eagle_for_greedy_requests_when_the_server_has_it() {
+        let body = |extra: &str| format!(r#"{{"messages": [{{"role": "user", "content": "hi"}}], {extra}}}"#);
+        let parse = |extra: &str, d: &RequestDefaults| {
+            chat_request(parse_body::<ChatCompletionRequest>(body(extra).as_bytes()).unwrap(), d).unwrap().mode
+        };
+        let auto = RequestDefaults { mode: None, unavailable: Vec::new(), ..defaults() };
+        assert_eq!(parse(r#""temperature": 0"#, &auto), Mode::Eagle);
+        assert_eq!(parse(r#""temperature": 0.7"#, &auto), Mode::Dense);
+        assert_eq!(parse(r#""temperature": 0, "specee": {"repeat_penalty": 1.2}"#, &auto), Mode::Dense);
+        assert_eq!(parse(r#""temperature": 0, "specee": {"mode": "dense"}"#, &auto), Mode::Dense);
+        let no_head = RequestDefaults { mode: None, unavailable: vec![(Mode::Eagle, "no draft head")], ..defaults() };
+        assert_eq!(parse(r#""temperature": 0"#, &no_head), Mode::Dense);
     }
 
     #[test]

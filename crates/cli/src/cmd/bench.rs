@@ -77,7 +77,7 @@ fn llama_cpp(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if a.prompts.is_some() || a.mode.mode != engine::speculative::Mode::Dense {
+    if a.prompts.is_some() || a.mode.mode() != engine::speculative::Mode::Dense {
         return run_prompts(a);
     }
     let path = engine::resolve_model(a.model.model.clone(), true)?;
@@ -204,7 +204,7 @@ pub(crate) fn read_prompts(eng: &engine::Engine, path: &std::path::Path) -> anyh
 /// `--prompts`: dense vs the mode on a prompt set.
 fn run_prompts(a: Args) -> anyhow::Result<()> {
     let Some(prompts_path) = a.prompts.as_deref() else {
-        anyhow::bail!("--mode {} needs --prompts FILE.jsonl", a.mode.mode);
+        anyhow::bail!("--mode {} needs --prompts FILE.jsonl", a.mode.mode());
     };
     let (eng, path) = a.model.load_with_path()?;
     let threads = a.model.threads();
@@ -218,7 +218,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let mut exit_total = decode::specee::SpecEeStats::default();
     let mut merged_total = decode::specee::MergedStats::default();
     let (mut prefix_sum, mut exact) = (0usize, 0usize);
-    let lossless = a.mode.mode.is_lossless();
+    let lossless = a.mode.mode().is_lossless();
     let mut per_prompt = Vec::new();
     for (i, ids) in prompts.iter().enumerate() {
         let dense = eng.generate(ids, &params, ctx, threads, |_| true)?;
@@ -255,7 +255,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
                 prompts.len(),
                 g.generated_ids.len(),
                 dense.timings.decode_tokens_per_s(),
-                a.mode.mode,
+                a.mode.mode(),
                 g.timings.decode_tokens_per_s(),
                 st.acceptance_length(),
                 match (same, lossless) {
@@ -270,7 +270,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let decode_share = (total.draft_time + total.verify_time).as_secs_f64().max(1e-9);
     let mut out = json!({
         "model": path.display().to_string(),
-        "mode": a.mode.mode.name(),
+        "mode": a.mode.mode().name(),
         "threads": threads,
         "prompts": prompts.len(),
         "n_gen": a.gen,
@@ -285,7 +285,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         "identical_to_dense": identical,
         "per_prompt": per_prompt,
     });
-    let exits: engine::early_exit::ExitSummary = match a.mode.mode {
+    let exits: engine::early_exit::ExitSummary = match a.mode.mode() {
         engine::speculative::Mode::SpeceeEagle => (&merged_total).into(),
         _ => (&exit_total).into(),
     };
@@ -336,7 +336,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
                 100.0 * out["exact_match"].as_f64().unwrap_or(0.0),
                 exits.avg_layers,
                 eng.model.config.n_layers,
-                if a.mode.mode.is_lossless() || a.mode.mode == engine::speculative::Mode::Specee {
+                if a.mode.mode().is_lossless() || a.mode.mode() == engine::speculative::Mode::Specee {
                     "token"
                 } else {
                     "tree forward"
@@ -357,7 +357,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         }
     }
     if lossless && !identical {
-        anyhow::bail!("the {} output differs from dense greedy on some prompt", a.mode.mode);
+        anyhow::bail!("the {} output differs from dense greedy on some prompt", a.mode.mode());
     }
     Ok(())
 }

@@ -42,7 +42,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let which = match a.mode.mode {
+    let which = match a.mode.mode() {
         Mode::Specee => engine::early_exit::ExitMode::Specee,
         Mode::SpeceeEagle => engine::early_exit::ExitMode::Merged,
         other => anyhow::bail!(
@@ -70,7 +70,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let n_layers = eng.model.config.n_layers;
     let mut out = json!({
         "model": path.display().to_string(),
-        "mode": a.mode.mode.name(),
+        "mode": a.mode.mode().name(),
         "kv_policy": format!("{:?}", setup.config.policy).to_lowercase(),
         "verify": format!("{:?}", setup.config.verify).to_lowercase(),
         "threshold": setup.threshold(),

@@ -1,5 +1,7 @@
 //! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram|specee] [--json]`: streams the continuation to
-//! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead.
+//! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead. Without `--mode`,
+//! greedy decoding runs eagle when a draft head is at hand ([`engine::speculative::auto_mode`]): the same tokens
+//! as dense, sooner.
 
 use super::{finite, generate_with, positive, probability, ModeArgs, ModelArgs, RunStats};
 use decode::SamplingParams;
@@ -46,11 +48,8 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
     let (eng, model_path) = a.model.load_with_path()?;
-    let runner = a.mode.runner(&eng, &model_path)?;
-    let text = eng.render_prompt(&a.prompt, a.chat)?;
-    let ids = eng.tokenize_prompt(&text);
     let params = GenerateParams {
         max_tokens: a.n,
         sampling: SamplingParams {
@@ -65,6 +64,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stop_at_eog: !a.ignore_eos,
         stop: Vec::new(),
     };
+    let greedy = params.sampling.is_greedy();
+    let mode = *a
+        .mode
+        .mode
+        .get_or_insert_with(|| engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), greedy));
+    let runner = a.mode.runner(&eng, &model_path)?;
+    let text = eng.render_prompt(&a.prompt, a.chat)?;
+    let ids = eng.tokenize_prompt(&text);
     let json = a.json;
     let mut out = std::io::stdout().lock();
     let on_text = |piece: &str| {
@@ -84,6 +91,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "prompt_ids": g.prompt_ids,
                 "generated_ids": g.generated_ids,
                 "text": g.text,
+                "mode": mode.name(),
                 "finish_reason": match g.finish {
                     engine::FinishReason::Length => "length",
                     engine::FinishReason::ContextFull => "context_full",
@@ -121,7 +129,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!();
         let _ = std::io::stdout().flush();
         eprintln!(
-            "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+            "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s ({mode})",
             t.prompt_tokens,
             t.prompt_tokens_per_s(),
             t.decode_tokens,

@@ -73,9 +73,10 @@ pub struct ModeArgs {
     /// How tokens are produced: dense, eagle (tree speculative decoding with a trained draft head; lossless),
     /// ngram (tree speculative decoding with prompt lookup; lossless), specee (early exit with trained
     /// per-layer predictors; lossy, greedy) or specee-eagle (early exit inside eagle's tree verification;
-    /// lossy, greedy).
-    #[arg(long, default_value = "dense")]
-    pub mode: engine::speculative::Mode,
+    /// lossy, greedy). Default: dense, except in `generate`, which runs eagle for greedy decoding when a draft
+    /// head is at hand (--draft, or the model's shipped one): the same output, faster.
+    #[arg(long)]
+    pub mode: Option<engine::speculative::Mode>,
     /// Draft head for --mode eagle and specee (default: heads/<model file stem>.draft.safetensors). --mode eagle
     /// also takes a published EAGLE-1/2/3 checkpoint folder (config.json + model.safetensors or pytorch_model.bin).
     #[arg(long)]
@@ -196,10 +197,15 @@ impl RunStats {
 }
 
 impl ModeArgs {
+    /// The mode asked for (dense when none was).
+    pub fn mode(&self) -> engine::speculative::Mode {
+        self.mode.unwrap_or_default()
+    }
+
     /// What `--mode` runs with (head, predictors, proposer loaded).
     pub fn runner(&self, eng: &engine::Engine, model_path: &std::path::Path) -> anyhow::Result<Runner> {
         use engine::speculative::{load_eagle, AnyProposer, Mode};
-        Ok(match self.mode {
+        Ok(match self.mode() {
             Mode::Dense => Runner::Dense,
             Mode::Eagle => {
                 let mut p = load_eagle(eng, model_path, self.draft.as_deref(), self.tree)?;
@@ -235,7 +241,7 @@ impl ModeArgs {
             },
             tree: self.tree,
             lookup: self.lookup_base(),
-            datastore: match self.mode {
+            datastore: match self.mode() {
                 engine::speculative::Mode::SpeceeEagle => self.datastore(eng, model_path)?,
                 _ => None,
             },
@@ -253,7 +259,7 @@ impl ModeArgs {
         eng: &engine::Engine,
         model_path: &std::path::Path,
     ) -> anyhow::Result<Option<std::sync::Arc<decode::speculative::Datastore>>> {
-        if self.no_datastore || (self.lookup == Some(0) && self.mode != engine::speculative::Mode::Ngram) {
+        if self.no_datastore || (self.lookup == Some(0) && self.mode() != engine::speculative::Mode::Ngram) {
             return Ok(None);
         }
         Ok(engine::speculative::load_datastore(eng, model_path, self.datastore.as_deref())?)

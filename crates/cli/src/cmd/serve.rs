@@ -1,4 +1,4 @@
-//! `specee serve -m PATH [--host 127.0.0.1] [--port 8080] [--mode dense|eagle|specee] [--parallel N] [--queue N]
+//! `specee serve -m PATH [--host 127.0.0.1] [--port 8080] [--mode auto|dense|eagle|specee|specee-eagle] [--parallel N] [--queue N]
 //! [-c CTX] [-t THREADS] [--draft FILE] [--exit FILE]`: the OpenAI-compatible HTTP server (see the `server` crate). Prints
 //! `listening on http://ADDR` on stdout once it accepts connections; SIGTERM or ctrl-c drains and stops it.
 
@@ -15,8 +15,9 @@ pub struct Args {
     /// Port to listen on (0 = any free port).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Decoding mode of requests that do not choose one (`{"specee": {"mode": …}}`).
-    #[arg(long, default_value = "dense")]
+    /// Decoding mode of requests that do not choose one (`{"specee": {"mode": …}}`); auto: eagle for greedy
+    /// requests when the model has a draft head (the same tokens as dense, sooner), dense for the rest.
+    #[arg(long, default_value = "auto")]
     pub mode: String,
     /// Requests generated at once; threads are shared among them.
     #[arg(long, default_value_t = 1)]
@@ -72,8 +73,13 @@ fn resources(a: &Args, eng: &engine::Engine, path: &std::path::Path) -> anyhow::
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let mode = server::Mode::parse(&a.mode)
-        .with_context(|| format!("unknown --mode '{}' (available: {})", a.mode, server::Mode::names()))?;
+    let mode = match a.mode.as_str() {
+        "auto" => None,
+        name => Some(
+            server::Mode::parse(name)
+                .with_context(|| format!("unknown --mode '{name}' (available: auto, {})", server::Mode::names()))?,
+        ),
+    };
     anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
     let path = engine::resolve_model(a.model.model.clone(), true)?;
     let model_id = path.file_stem().map_or_else(|| "specee".to_string(), |s| s.to_string_lossy().into_owned());
