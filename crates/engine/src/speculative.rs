@@ -91,13 +91,20 @@ pub fn default_head_path(model_path: &Path) -> PathBuf {
     shipped_path(model_path, "draft")
 }
 
-/// The mode `generate` runs when none is asked for: `eagle` for greedy decoding when a draft head is at hand
-/// (`draft`, or the model's shipped one), since its output is identical to dense and it is faster on both default
-/// models (1.2–1.3× SmolLM2, ~2.6× Gemma, `heads/README.md`); `dense` otherwise: sampling accepts fewer drafts
-/// (SmolLM2 at temperature 0.8: τ 1.4–1.7, 0.87–1.04× dense), and a repetition penalty needs every node's logits.
-pub fn auto_mode(model_path: &Path, draft: Option<&Path>, greedy: bool) -> Mode {
+/// Whether a generation that names no mode runs eagle: for greedy decoding when a draft head is at hand, since
+/// its output is identical to dense and it is faster on both default models (1.2–1.3× SmolLM2, ~2.6× Gemma,
+/// `heads/README.md`); not for sampling, which accepts fewer drafts (SmolLM2 at temperature 0.8: τ 1.4–1.7,
+/// 0.87–1.04× dense), nor with a repetition penalty, which needs every node's logits. `generate` and the server's
+/// `--mode auto` both decide by it.
+pub fn auto_runs_eagle(head_available: bool, sampling: &decode::SamplingParams) -> bool {
+    head_available && sampling.is_greedy()
+}
+
+/// The mode `generate` runs when none is asked for ([`auto_runs_eagle`], with the head `draft` or the model's
+/// shipped one).
+pub fn auto_mode(model_path: &Path, draft: Option<&Path>, sampling: &decode::SamplingParams) -> Mode {
     let head = draft.map(Path::to_path_buf).unwrap_or_else(|| default_head_path(model_path));
-    if greedy && head.exists() {
+    if auto_runs_eagle(head.exists(), sampling) {
         Mode::Eagle
     } else {
         Mode::Dense

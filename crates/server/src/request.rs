@@ -63,10 +63,10 @@ pub struct RequestDefaults {
 }
 
 impl RequestDefaults {
-    /// The "auto" mode's choice for a request sampling with `sampling`.
+    /// The "auto" mode's choice for a request sampling with `sampling` ([`engine::speculative::auto_runs_eagle`]).
     pub fn auto(&self, sampling: &SamplingParams) -> Mode {
-        let eagle = !self.unavailable.iter().any(|(m, _)| *m == Mode::Eagle);
-        if eagle && sampling.is_greedy() {
+        let head = !self.unavailable.iter().any(|(m, _)| *m == Mode::Eagle);
+        if engine::speculative::auto_runs_eagle(head, sampling) {
             Mode::Eagle
         } else {
             Mode::Dense

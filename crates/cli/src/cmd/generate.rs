@@ -64,11 +64,8 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         stop_at_eog: !a.ignore_eos,
         stop: Vec::new(),
     };
-    let greedy = params.sampling.is_greedy();
-    let mode = *a
-        .mode
-        .mode
-        .get_or_insert_with(|| engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), greedy));
+    let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
+    let mode = *a.mode.mode.get_or_insert_with(auto);
     let runner = a.mode.runner(&eng, &model_path)?;
     let text = eng.render_prompt(&a.prompt, a.chat)?;
     let ids = eng.tokenize_prompt(&text);
