@@ -383,3 +383,25 @@ fn tree_modes_report_no_rate_for_an_empty_prefill() {
         assert_eq!(rate > 0.0, has_rate, "{prompt:?}: prompt rate {rate}");
     }
 }
+
+/// A bad prompt file fails `bench --prompts` with one line naming the file and line, before anything runs.
+#[test]
+fn bench_names_the_bad_line_of_a_prompt_file() {
+    let m = smollm2();
+    let dir = std::env::temp_dir().join(format!("specee-prompt-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (body, want) in [
+        ("{\"prompt\": \"hi\"}\n{\"messages\": [{\"role\": \"user\"}]}\n", ":2: a message needs `role` and `content`"),
+        ("{\"prompt\": \"hi\"}\n\nnot json\n", ":3: "),
+        ("{\"text\": \"hi\"}\n", ":1: expected {\"prompt\""),
+        ("\n", "has no prompts"),
+    ] {
+        let f = dir.join("p.jsonl");
+        std::fs::write(&f, body).unwrap();
+        let args = ["bench", "-m", m.to_str().unwrap(), "--mode", "eagle", "--prompts", f.to_str().unwrap(), "-n", "4"];
+        let o = specee(&args, Duration::from_secs(60));
+        assert!(!o.status.success(), "{body:?}");
+        assert!(stderr(&o).contains(want), "{body:?}: {}", stderr(&o));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

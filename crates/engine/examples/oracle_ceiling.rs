@@ -16,27 +16,6 @@ use engine::{Engine, GenerateParams};
 use std::path::Path;
 use std::time::Instant;
 
-fn read_prompts(eng: &Engine, path: &Path) -> Vec<Vec<u32>> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON object per line");
-        let rendered = if let Some(p) = v["prompt"].as_str() {
-            eng.render_prompt(p, false).expect("rendering a raw prompt")
-        } else {
-            let messages: Vec<tokenizer::chat::Message> = v["messages"]
-                .as_array()
-                .expect("{\"prompt\": …} or {\"messages\": […]}")
-                .iter()
-                .map(|m| tokenizer::chat::Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-                .collect();
-            eng.render_chat(&messages).expect("rendering a chat")
-        };
-        out.push(eng.tokenize_prompt(&rendered));
-    }
-    out
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
@@ -50,7 +29,7 @@ fn main() {
         .map_or_else(|| vec![1, 2, 3, 4, 6, 8], |s| s.split(',').map(|x| x.parse().expect("DEPTHS")).collect());
     let eng = Engine::load(Path::new(&args[1])).expect("loading the model");
     eng.model.warm_head_screen(threads);
-    let prompts = read_prompts(&eng, Path::new(&args[2]));
+    let prompts = engine::bench::read_prompts(&eng, Path::new(&args[2])).expect("reading the prompts");
     let params =
         GenerateParams { max_tokens: n, sampling: SamplingParams::greedy(), stop_at_eog: false, stop: Vec::new() };
     let vocab = eng.model.config.vocab_size;

@@ -1,7 +1,8 @@
 //! Speed measurement, like llama-bench: prompt processing (a fresh cache, `P` tokens in one batch) and decode
 //! (`N` single-token steps after a one-token context, each with full-vocabulary logits), repeated `R` times
 //! after one warm-up; and the **batch curve** — the cost of one forward of `k` rows with head logits for all `k`
-//! rows, relative to `k = 1`, which decides whether draft trees can pay.
+//! rows, relative to `k = 1`, which decides whether draft trees can pay. Also the prompt files that comparisons of
+//! decoding modes run over ([`read_prompts`]).
 
 use crate::error::EngineError;
 use crate::session::Engine;
@@ -128,4 +129,38 @@ pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -
         }
     }
     Ok(BenchResult { runs, curve })
+}
+
+/// The prompts of a prompt file (`specee bench --prompts`), as token ids: one JSON object per line,
+/// `{"prompt": "..."}` (raw) or `{"messages": [{"role": …, "content": …}, …]}` (rendered with the chat template).
+pub fn read_prompts(engine: &Engine, path: &std::path::Path) -> Result<Vec<Vec<u32>>, EngineError> {
+    let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io { path: path.into(), source })?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |why: String| EngineError::PromptFile { path: path.into(), line: i + 1, why };
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        let rendered = if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
+            p.to_string()
+        } else if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
+            let messages = msgs
+                .iter()
+                .map(|m| {
+                    let role = m.get("role").and_then(|r| r.as_str());
+                    let content = m.get("content").and_then(|c| c.as_str());
+                    match (role, content) {
+                        (Some(r), Some(c)) => Ok(tokenizer::chat::Message::new(r, c)),
+                        _ => Err(bad("a message needs `role` and `content` strings".into())),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            engine.render_chat(&messages)?
+        } else {
+            return Err(bad("expected {\"prompt\": ...} or {\"messages\": [...]}".into()));
+        };
+        out.push(engine.tokenize_prompt(&rendered));
+    }
+    if out.is_empty() {
+        return Err(EngineError::NoPrompts(path.into()));
+    }
+    Ok(out)
 }

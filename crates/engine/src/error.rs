@@ -41,4 +41,8 @@ pub enum EngineError {
     Speculative(String),
     #[error("cannot read {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{}:{line}: {why}", path.display())]
+    PromptFile { path: PathBuf, line: usize, why: String },
+    #[error("{} has no prompts", .0.display())]
+    NoPrompts(PathBuf),
 }

@@ -12,7 +12,7 @@
 //! token, and τ for `specee-eagle`.
 
 use super::{generate_with, ModeArgs, ModelArgs, RunStats};
-use engine::bench::{bench, bench_tokens, median, BenchParams};
+use engine::bench::{bench, bench_tokens, median, read_prompts, BenchParams};
 use serde_json::{json, Value};
 use std::process::Command;
 
@@ -168,43 +168,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The prompts of a `--prompts` file, as token ids.
-pub(crate) fn read_prompts(eng: &engine::Engine, path: &std::path::Path) -> anyhow::Result<Vec<Vec<u32>>> {
-    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let bad = |why: String| anyhow::anyhow!("{}:{}: {why}", path.display(), i + 1);
-        let v: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
-        let rendered = if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
-            p.to_string()
-        } else if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
-            let messages = msgs
-                .iter()
-                .map(|m| {
-                    let role = m.get("role").and_then(|r| r.as_str());
-                    let content = m.get("content").and_then(|c| c.as_str());
-                    match (role, content) {
-                        (Some(r), Some(c)) => Ok(tokenizer::chat::Message::new(r, c)),
-                        _ => Err(bad("a message needs `role` and `content` strings".into())),
-                    }
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            eng.render_chat(&messages)?
-        } else {
-            return Err(bad("expected {\"prompt\": ...} or {\"messages\": [...]}".into()));
-        };
-        out.push(eng.tokenize_prompt(&rendered));
-    }
-    if out.is_empty() {
-        anyhow::bail!("{} has no prompts", path.display());
-    }
-    Ok(out)
-}
-
 /// `--prompts`: dense vs the mode on a prompt set.
 fn run_prompts(a: Args) -> anyhow::Result<()> {
+    let mode = a.mode.mode();
     let Some(prompts_path) = a.prompts.as_deref() else {
-        anyhow::bail!("--mode {} needs --prompts FILE.jsonl", a.mode.mode());
+        anyhow::bail!("--mode {} needs --prompts FILE.jsonl", mode);
     };
     let (eng, path) = a.model.load_with_path()?;
     let threads = a.model.threads();
@@ -218,7 +186,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let mut exit_total = decode::specee::SpecEeStats::default();
     let mut merged_total = decode::specee::MergedStats::default();
     let (mut prefix_sum, mut exact) = (0usize, 0usize);
-    let lossless = a.mode.mode().is_lossless();
+    let lossless = mode.is_lossless();
     let mut per_prompt = Vec::new();
     for (i, ids) in prompts.iter().enumerate() {
         let dense = eng.generate(ids, &params, ctx, threads, |_| true)?;
@@ -255,7 +223,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
                 prompts.len(),
                 g.generated_ids.len(),
                 dense.timings.decode_tokens_per_s(),
-                a.mode.mode(),
+                mode,
                 g.timings.decode_tokens_per_s(),
                 st.acceptance_length(),
                 match (same, lossless) {
@@ -270,7 +238,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let decode_share = (total.draft_time + total.verify_time).as_secs_f64().max(1e-9);
     let mut out = json!({
         "model": path.display().to_string(),
-        "mode": a.mode.mode().name(),
+        "mode": mode.name(),
         "threads": threads,
         "prompts": prompts.len(),
         "n_gen": a.gen,
@@ -285,7 +253,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         "identical_to_dense": identical,
         "per_prompt": per_prompt,
     });
-    let exits: engine::early_exit::ExitSummary = match a.mode.mode() {
+    let exits: engine::early_exit::ExitSummary = match mode {
         engine::speculative::Mode::SpeceeEagle => (&merged_total).into(),
         _ => (&exit_total).into(),
     };
@@ -336,11 +304,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
                 100.0 * out["exact_match"].as_f64().unwrap_or(0.0),
                 exits.avg_layers,
                 eng.model.config.n_layers,
-                if a.mode.mode().is_lossless() || a.mode.mode() == engine::speculative::Mode::Specee {
-                    "token"
-                } else {
-                    "tree forward"
-                },
+                if mode.is_lossless() || mode == engine::speculative::Mode::Specee { "token" } else { "tree forward" },
                 100.0 * exits.exit_rate,
                 exits.predictor_calls_per_token,
                 exits.verify_failures_per_token
@@ -357,7 +321,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         }
     }
     if lossless && !identical {
-        anyhow::bail!("the {} output differs from dense greedy on some prompt", a.mode.mode());
+        anyhow::bail!("the {} output differs from dense greedy on some prompt", mode);
     }
     Ok(())
 }

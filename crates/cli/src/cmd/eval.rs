@@ -86,7 +86,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "seconds": t.seconds,
     });
     if let Some(pp) = &a.prompts {
-        let prompts = super::bench::read_prompts(&eng, pp)?;
+        let prompts = engine::bench::read_prompts(&eng, pp)?;
         let p = engine::early_exit::eval_prompts(&eng, &setup, which, &prompts, a.gen, threads, |d, n| {
             show("free-running", d, n)
         })?;
