@@ -34,6 +34,8 @@ enum Command {
     TrainExit(cmd::train_exit::Args),
     /// Build the n-gram datastore of a model's own answers that the tree modes draft from.
     BuildDatastore(cmd::build_datastore::Args),
+    /// Show what a draft head, exit predictor file, datastore or training cache holds and how it was made.
+    Inspect(cmd::inspect::Args),
 }
 
 fn main() {
@@ -49,6 +51,7 @@ fn main() {
         Command::TrainDraft(a) => cmd::train_draft::run(a),
         Command::TrainExit(a) => cmd::train_exit::run(a),
         Command::BuildDatastore(a) => cmd::build_datastore::run(a),
+        Command::Inspect(a) => cmd::inspect::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

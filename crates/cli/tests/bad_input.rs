@@ -225,9 +225,16 @@ fn eagle_mode_names_a_bad_draft_head() {
     };
     store(junk.to_str().unwrap(), "not a datastore");
     store("/nonexistent.datastore.safetensors", "cannot read");
-    // Gemma's head on SmolLM2: the wrong hidden size, said once.
+    // Gemma's head on SmolLM2: the manifest names both models; without it (a head from before manifests), the
+    // wrong hidden size, said once.
     let gemma_head = common::workspace_root().join("heads/gemma-3-270m-q4_k_m.draft.safetensors");
-    eagle(gemma_head.to_str().unwrap(), "hidden size 640");
+    eagle(gemma_head.to_str().unwrap(), "it was made for gemma-3-270m-q4_k_m.gguf (gemma3, 18 layers, d 640");
+    let old = tmp("old-gemma.draft.safetensors");
+    std::fs::copy(&gemma_head, &old).unwrap();
+    let strip =
+        common::specee(&["inspect", old.to_str().unwrap(), "--set", "base_model.arch="], Duration::from_secs(30));
+    assert!(strip.status.success(), "{}", common::stderr(&strip));
+    eagle(old.to_str().unwrap(), "hidden size 640");
 }
 
 #[test]

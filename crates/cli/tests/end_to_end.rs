@@ -287,7 +287,7 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     assert!(!out.exists(), "--epochs 0 wrote a head");
     let o = run(args("1"));
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(stderr(&o).matches("using collected data").count(), 3, "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("using cached").count(), 3, "{}", stderr(&o));
     assert!(!stderr(&o).contains("collected 1 sequences"), "recollected: {}", stderr(&o));
     let gen = ["generate", "-m", m, "--chat", "-p", "Name three colors.", "-n", "16", "-t", "2", "--json"];
     let dense = specee(&gen, Duration::from_secs(120));
@@ -303,12 +303,13 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     // eagle and ngram modes, still lossless.
     let store = dir.join("h.datastore.safetensors");
     let store_s = store.to_str().unwrap();
-    let o = run(["build-datastore", "-m", m, "--data", &a, "--data", &b, "--out", store_s, "-t", "2"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect());
+    let o =
+        run(["build-datastore", "-m", m, "--data", &a, "--data", &b, "--out", store_s, "-t", "2", "--max-new", "12"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect());
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(stderr(&o).matches("using collected data").count(), 2, "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("using cached").count(), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("n-grams (2..=6 tokens)"), "{}", stderr(&o));
     for mode in ["eagle", "ngram"] {
         let extra = ["--mode", mode, "--draft", out_s, "--datastore", store_s];

@@ -28,6 +28,7 @@ pub fn load_predictors(engine: &Engine, model_path: &Path, path: Option<&Path>) 
         return Err(EngineError::NoExitPredictors(path));
     }
     let p = ExitPredictors::load(&path).map_err(|source| EngineError::ExitPredictors { path: path.clone(), source })?;
+    engine.check_made_for("exit predictors", &path, &p.metadata, model_path)?;
     p.check_fits(engine.model.config.n_layers)
         .map_err(|source| EngineError::ExitPredictors { path: path.clone(), source })?;
     Ok(p)

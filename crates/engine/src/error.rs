@@ -35,6 +35,8 @@ pub enum EngineError {
     NoExitPredictors(PathBuf),
     #[error("exit predictors {}: {source}", path.display())]
     ExitPredictors { path: PathBuf, source: decode::specee::PredictorError },
+    #[error("{what} {}: {source}", path.display())]
+    OtherModel { what: &'static str, path: PathBuf, source: crate::identity::OtherModel },
     #[error("{0}")]
     Unsupported(String),
     #[error("speculative decoding: {0}")]

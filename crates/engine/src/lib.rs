@@ -7,11 +7,14 @@
 //! 4. [`speculative`]: generation with tree speculative decoding (`--mode eagle|ngram`) and draft-head lookup.
 //! 5. [`early_exit`]: generation with SpecEE early exit (`--mode specee`), predictor lookup, and the quality
 //!    evaluation behind `specee eval`.
+//! 6. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
+//!    that trained artifacts record and are checked against on load.
 
 pub mod bench;
 pub mod early_exit;
 pub mod error;
 pub mod fetch;
+pub mod identity;
 pub mod perplexity;
 pub mod session;
 pub mod speculative;

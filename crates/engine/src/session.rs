@@ -106,6 +106,23 @@ impl Engine {
         self.render_chat(&[chat::Message { role: "user".into(), content: prompt.into() }])
     }
 
+    /// `Err` naming both models when the artifact at `path` (its `metadata`) was made for another model than this
+    /// one, loaded from `model_path` ([`crate::identity::ModelIdentity::check`]).
+    pub fn check_made_for(
+        &self,
+        what: &'static str,
+        path: &Path,
+        metadata: &std::collections::HashMap<String, String>,
+        model_path: &Path,
+    ) -> Result<(), EngineError> {
+        let model = crate::identity::ModelIdentity::of(model_path, &self.model);
+        crate::identity::ModelIdentity::check(metadata, &model).map_err(|source| EngineError::OtherModel {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
     /// Renders a conversation with the model's chat template, opening the assistant's turn.
     pub fn render_chat(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
         let template = self.tokenizer.chat_template().ok_or(EngineError::NoChatTemplate)?;

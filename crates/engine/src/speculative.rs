@@ -127,6 +127,7 @@ pub fn load_datastore(
     };
     let store = Datastore::load(&path, engine.model.config.vocab_size)
         .map_err(|source| EngineError::Datastore { path: path.clone(), source })?;
+    engine.check_made_for("datastore", &path, &store.metadata.iter().cloned().collect(), model_path)?;
     Ok(Some(std::sync::Arc::new(store)))
 }
 
@@ -144,6 +145,7 @@ pub fn load_head(engine: &Engine, model_path: &Path, path: Option<&Path>) -> Res
         )));
     }
     let head = DraftHead::load(&path).map_err(|source| EngineError::DraftHead { path: path.clone(), source })?;
+    engine.check_made_for("draft head", &path, &head.metadata, model_path)?;
     head.check_fits(&engine.model).map_err(|source| EngineError::DraftHead { path: path.clone(), source })?;
     Ok(head)
 }

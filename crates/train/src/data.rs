@@ -13,7 +13,6 @@ use decode::speculative::{DraftContext, FeatureSource, Proposer};
 use decode::speculative::{DraftTree, SpeculativeError};
 use decode::{SamplingParams, SpeculativeDecoder};
 use engine::Engine;
-use std::collections::HashMap;
 use std::path::Path;
 
 /// One input record.
@@ -167,8 +166,8 @@ impl DraftData {
         Ok(())
     }
 
-    /// Writes the data as safetensors.
-    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+    /// Writes the data as safetensors, with the key of what it was collected from ([`crate::cache`]).
+    pub fn save(&self, path: &Path, key: &crate::cache::CacheKey) -> Result<(), TrainError> {
         use safetensors::tensor::TensorView;
         use safetensors::Dtype;
         let tok: Vec<u8> = self.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
@@ -182,7 +181,8 @@ impl DraftData {
             ("seq_starts", TensorView::new(Dtype::U32, vec![self.seq_starts.len()], &starts).map_err(err)?),
             ("gen_starts", TensorView::new(Dtype::U32, vec![self.gen_starts.len()], &gens).map_err(err)?),
         ];
-        let meta = HashMap::from([("format".to_string(), "specee-draft-data-1".to_string())]);
+        let mut meta = key.to_metadata();
+        meta.insert("format".to_string(), "specee-draft-data-1".to_string());
         safetensors::serialize_to_file(views, Some(meta), path).map_err(err)
     }
 
@@ -303,15 +303,23 @@ pub fn trace_layer_inputs(
     Ok(aux)
 }
 
-/// Writes aux rows ([`trace_layer_inputs`]) for `layers` as safetensors.
-pub fn save_aux(path: &Path, aux: &[u16], rows: usize, layers: &[usize]) -> Result<(), TrainError> {
+/// Writes aux rows ([`trace_layer_inputs`]) for `layers` as safetensors, with the key of what they were traced
+/// from ([`crate::cache`]).
+pub fn save_aux(
+    path: &Path,
+    aux: &[u16],
+    rows: usize,
+    layers: &[usize],
+    key: &crate::cache::CacheKey,
+) -> Result<(), TrainError> {
     use safetensors::tensor::TensorView;
     let bytes: Vec<u8> = aux.iter().flat_map(|t| t.to_le_bytes()).collect();
     let err = |e: safetensors::SafeTensorError| TrainError::Format(e.to_string());
     let width = aux.len() / rows.max(1);
     let view = TensorView::new(safetensors::Dtype::F16, vec![rows, width], &bytes).map_err(err)?;
     let layers = layers.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(",");
-    let meta = HashMap::from([("format".to_string(), "specee-draft-aux-1".to_string()), ("layers".into(), layers)]);
+    let mut meta = key.to_metadata();
+    meta.extend([("format".to_string(), "specee-draft-aux-1".to_string()), ("layers".into(), layers)]);
     safetensors::serialize_to_file(vec![("aux", view)], Some(meta), path).map_err(err)
 }
 
@@ -337,7 +345,7 @@ mod tests {
         assert_eq!(data.sequence(1), 3..5);
         assert_eq!((data.generated_from(0), data.generated_from(1)), (1, 5));
         let path = std::env::temp_dir().join(format!("specee-draft-data-{}.safetensors", std::process::id()));
-        data.save(&path).unwrap();
+        data.save(&path, &crate::cache::CacheKey::new()).unwrap();
         let back = DraftData::load(&path).unwrap();
         std::fs::remove_file(&path).ok();
         assert_eq!(back, data);

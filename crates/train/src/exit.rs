@@ -102,7 +102,8 @@ impl ExitData {
         self.group[t].is_multiple_of(5)
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+    /// Writes the trace as safetensors, with the key of what it was traced from ([`crate::cache`]).
+    pub fn save(&self, path: &Path, key: &crate::cache::CacheKey) -> Result<(), TrainError> {
         use safetensors::tensor::TensorView;
         use safetensors::Dtype;
         let t = self.len();
@@ -125,7 +126,8 @@ impl ExitData {
                 TensorView::new(Dtype::F32, vec![t, self.n_pred(), UPDATE_FEATURES], &upd).map_err(err)?,
             ));
         }
-        let meta = std::collections::HashMap::from([("n_layers".to_string(), self.n_layers.to_string())]);
+        let mut meta = key.to_metadata();
+        meta.insert("n_layers".to_string(), self.n_layers.to_string());
         safetensors::serialize_to_file(views, Some(meta), path).map_err(err)
     }
 
@@ -893,7 +895,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("specee-exit-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("d.safetensors");
-        data.save(&path).unwrap();
+        data.save(&path, &crate::cache::CacheKey::new()).unwrap();
         assert_eq!(ExitData::load(&path).unwrap(), data);
         let png_path = dir.join("h.png");
         plot_histogram(&[3, 0, 12, 5, 7, 1], &png_path).unwrap();

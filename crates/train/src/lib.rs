@@ -1,5 +1,8 @@
 //! # train — training the small networks specee runs beside a model (candle autograd on CPU)
 //!
+//! - [`artifact`]: the safetensors files specee writes, read and amended without touching their tensors.
+//! - [`cache`]: the keys that make the caches of collected data trustworthy (rebuilt, with the reason, whenever
+//!   the model, the records or an option that shapes them changed).
 //! - [`data`]: collects training data by running the target model itself (its greedy answers to chat
 //!   prompts and its reading of raw text), keeping the feature (final-normed hidden state) at every position.
 //! - [`head`]: the EAGLE-style draft head as a candle network (same computation as
@@ -14,6 +17,8 @@
 //! - [`exit`]: SpecEE's per-layer exit predictors — traced full-depth decoding, one small MLP per layer, the
 //!   offline schedule and thresholds, and a plot of where tokens exit.
 
+pub mod artifact;
+pub mod cache;
 pub mod data;
 pub mod eagle3;
 pub mod exit;

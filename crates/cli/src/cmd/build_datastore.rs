@@ -4,11 +4,12 @@
 //!
 //! It runs the model over the chat records as `train-draft` does (its own greedy answers), caching them beside the
 //! output as `X.train-data.<file stem>.safetensors` for `--out X.datastore.safetensors` (or `X.safetensors`): the
-//! caches `train-draft --out X.safetensors` writes, so one collection serves both. Then it counts, for every
+//! caches `train-draft --out X.safetensors` writes, keyed the same way, so one collection serves both. Then it counts, for every
 //! generated token, the 2–6 tokens before it. Raw-text records are collected but predict nothing: the store
 //! drafts the model's own phrasing.
 
-use super::{sibling, CollectArgs, ModelArgs};
+use super::train_draft::{collect_cached, Cached};
+use super::{manifest, sibling, CollectArgs, ModelArgs};
 use decode::speculative::{Datastore, DatastoreOptions};
 use std::path::PathBuf;
 
@@ -52,7 +53,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for path in &a.data {
         let stem = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
         let cache = sibling(&cache_base, &format!("train-data.{stem}.safetensors"));
-        data.push(super::train_draft::collect_cached(&engine, path, &cache, opts, a.collect.limit)?);
+        let key = a.collect.key(&model_path, path, a.collect.limit)?;
+        let cache = Cached { path: &cache, key: &key, reuse: a.collect.reuse_cache };
+        data.push(collect_cached(&engine, path, &cache, opts, a.collect.limit)?);
     }
     let sequences = data.iter().flat_map(|d| {
         (0..d.n_sequences()).map(move |s| {
@@ -66,13 +69,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let options = DatastoreOptions { min_n: a.min_n, max_n: a.max_n, min_count: a.min_count, min_prob: a.min_prob };
     let mut store = Datastore::build(sequences, options, n_vocab);
     let model = model_path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-    store.metadata = vec![
+    let data_files: Vec<&std::path::Path> = a.data.iter().map(PathBuf::as_path).collect();
+    store.metadata = manifest(&engine, &model_path, &data_files)?;
+    store.metadata.extend([
         ("model".into(), model),
         ("data".into(), a.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
         ("generated_tokens".into(), generated.to_string()),
         ("min_count".into(), a.min_count.to_string()),
         ("min_prob".into(), a.min_prob.to_string()),
-    ];
+    ]);
     store.save(&a.out)?;
     eprintln!(
         "{} n-grams ({}..={} tokens) from {generated} generated tokens -> {} ({:.1} MB) in {:.0} s",

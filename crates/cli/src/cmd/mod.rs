@@ -5,13 +5,15 @@ pub mod build_datastore;
 pub mod eval;
 pub mod fetch;
 pub mod generate;
+pub mod inspect;
 pub mod perplexity;
 pub mod serve;
 pub mod tokenize;
 pub mod train_draft;
 pub mod train_exit;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use train::cache::CacheKey;
 
 /// Flags every model-running subcommand takes.
 #[derive(clap::Args, Clone, Debug)]
@@ -53,12 +55,56 @@ pub struct CollectArgs {
     /// Use only the first N records (of each record file; 0: all).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
+    /// Use existing caches even where they were collected from other records, another model or other options
+    /// (each such cache is named with what differs). Without it a mismatched cache is rebuilt.
+    #[arg(long)]
+    pub reuse_cache: bool,
 }
 
 impl CollectArgs {
     pub fn options(&self, threads: usize) -> train::data::CollectOptions {
         train::data::CollectOptions { max_new: self.max_new, max_input: self.max_input, threads }
     }
+
+    /// The key of what the model at `model_path` collects from `records` with these options, the first `limit`
+    /// records only (0: all) ([`train::cache`]).
+    pub fn key(&self, model_path: &Path, records: &Path, limit: usize) -> anyhow::Result<CacheKey> {
+        Ok(CacheKey::new()
+            .model(model_path)?
+            .file("records", records)?
+            .option("--max-new", self.max_new)
+            .option("--max-input", self.max_input)
+            .option("--limit", limit))
+    }
+}
+
+/// What every trained artifact records about how it was made (with the figures its command adds): the model it
+/// was made for ([`engine::identity::ModelIdentity`], fingerprinted), the exact command (`specee …`), the SHA-256
+/// of every data file it read (`data.sha256`, lines as `sha256sum` writes them), the date and specee's version.
+/// `specee inspect FILE` prints it; loading an artifact made for another model fails naming both.
+pub fn manifest(engine: &engine::Engine, model_path: &Path, data: &[&Path]) -> anyhow::Result<Vec<(String, String)>> {
+    use anyhow::Context;
+    let identity = engine::identity::ModelIdentity::of(model_path, &engine.model)
+        .fingerprinted(model_path)
+        .with_context(|| format!("reading {}", model_path.display()))?;
+    let mut hashes = Vec::new();
+    for path in data {
+        let sha = engine::identity::sha256_file(path).with_context(|| format!("reading {}", path.display()))?;
+        hashes.push(format!("{sha}  {}", path.display()));
+    }
+    let mut manifest = identity.to_metadata();
+    manifest.extend([
+        ("command".to_string(), command_line()),
+        ("data.sha256".to_string(), hashes.join("\n")),
+        ("date".to_string(), engine::identity::utc_now()),
+        ("specee_version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+    ]);
+    Ok(manifest)
+}
+
+/// This process's command line as a user would type it: `specee` and its arguments.
+pub fn command_line() -> String {
+    std::iter::once("specee".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ")
 }
 
 /// `OUT` with its extension replaced by `.SUFFIX` (a cache or side file of a training command).

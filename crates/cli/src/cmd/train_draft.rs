@@ -5,7 +5,9 @@
 //! First it collects the training data by running the model over the records (its own greedy answers to the
 //! chat prompts, its reading of the texts), cached beside the output per record file as
 //! `HEAD.train-data.<file stem>.safetensors` and `HEAD.heldout-data.safetensors` (reused on a rerun, so adding a
-//! record file later collects only the new one; `--epochs 0` stops there); then it trains on all of them joined,
+//! record file later collects only the new one; `--epochs 0` stops there). Each cache is keyed by the model, the
+//! records' content and the collection options ([`train::cache`]): one made from anything else is rebuilt, with
+//! a line saying why, unless `--reuse-cache`. Then it trains on all of them joined,
 //! printing loss and held-out acceptance per epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a
 //! rerun resumes. `scripts/draft_data.py` writes the record files.
 //!
@@ -13,10 +15,11 @@
 //! context on three fused target layers, traced over the data once and cached beside it) and writes it as a
 //! published EAGLE-3 checkpoint folder at `--out`, which `--mode eagle --draft DIR` runs.
 
-use super::{sibling, CollectArgs, ModelArgs};
+use super::{manifest, sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use train::cache::{self, CacheKey};
 use train::data::{collect, load_aux, read_records, save_aux, trace_layer_inputs, CollectOptions, DraftData};
 use train::TrainOptions;
 
@@ -85,11 +88,22 @@ pub struct Args {
     pub collect: CollectArgs,
 }
 
-/// Adds the aux rows of `layers` to `data` (collected into `cache`), tracing them on the first use.
+/// Where and how one record file's collected data is cached.
+pub(crate) struct Cached<'a> {
+    /// The cache file.
+    pub path: &'a Path,
+    /// What its content must have been collected from ([`CollectArgs::key`]).
+    pub key: &'a CacheKey,
+    /// `--reuse-cache`: accept a cache made from other inputs.
+    pub reuse: bool,
+}
+
+/// Adds the aux rows of `layers` to `data` (collected into `cache`), tracing them unless a cache of them made
+/// from the same data exists.
 fn with_aux(
     engine: &engine::Engine,
     mut data: DraftData,
-    cache: &Path,
+    cache: &Cached,
     layers: &[usize],
     threads: usize,
 ) -> anyhow::Result<DraftData> {
@@ -97,9 +111,10 @@ fn with_aux(
         return Ok(data);
     }
     let tag: Vec<String> = layers.iter().map(|l| l.to_string()).collect();
-    let aux_cache = cache.with_extension(format!("aux-{}.safetensors", tag.join("-")));
+    let aux_cache = cache.path.with_extension(format!("aux-{}.safetensors", tag.join("-")));
+    let key = CacheKey::new().extend(cache.key).option("--fuse-layers", tag.join(","));
     let width = layers.len() * data.d;
-    let aux = if aux_cache.exists() {
+    let aux = if cache::check(&aux_cache, &key, cache.reuse)? {
         let (aux, w) = load_aux(&aux_cache).with_context(|| format!("reading {}", aux_cache.display()))?;
         anyhow::ensure!(
             w == width && aux.len() == data.tokens.len() * w,
@@ -111,7 +126,7 @@ fn with_aux(
         let bar = train::progress_bar(true, data.n_sequences() as u64, &format!("tracing layers {}", tag.join(",")));
         let aux = trace_layer_inputs(&engine.model, &data, layers, threads, |s| bar.set_position(s as u64))?;
         bar.finish_and_clear();
-        save_aux(&aux_cache, &aux, data.tokens.len(), layers)?;
+        save_aux(&aux_cache, &aux, data.tokens.len(), layers, &key)?;
         aux
     };
     data.aux_width = width;
@@ -119,16 +134,17 @@ fn with_aux(
     Ok(data)
 }
 
+/// The data the model collects from the records at `records_path` (the first `limit` only; 0: all): loaded
+/// from `cache` when it was collected from the same inputs, else collected and saved there.
 pub(crate) fn collect_cached(
     engine: &engine::Engine,
     records_path: &Path,
-    cache: &Path,
+    cache: &Cached,
     opts: CollectOptions,
     limit: usize,
 ) -> anyhow::Result<DraftData> {
-    if cache.exists() {
-        eprintln!("using collected data {}", cache.display());
-        return DraftData::load(cache).with_context(|| format!("reading {}", cache.display()));
+    if cache::check(cache.path, cache.key, cache.reuse)? {
+        return DraftData::load(cache.path).with_context(|| format!("reading {}", cache.path.display()));
     }
     let mut records = read_records(records_path)?;
     if limit > 0 {
@@ -148,7 +164,7 @@ pub(crate) fn collect_cached(
         records_path.display(),
         start.elapsed().as_secs_f64()
     );
-    data.save(cache)?;
+    data.save(cache.path, cache.key)?;
     Ok(data)
 }
 
@@ -173,30 +189,35 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.data[i].file_stem().unwrap_or_default()
         );
     }
-    let engine = a.model.load()?;
+    let (engine, model_path) = a.model.load_with_path()?;
     let opts = a.collect.options(a.model.threads());
     let eagle3 = a.design == "eagle3";
     let n_layers = engine.model.config.n_layers;
     let fuse_layers =
         if eagle3 && a.fuse_layers.is_empty() { vec![2, n_layers / 2, n_layers] } else { a.fuse_layers.clone() };
     let mut train_data = DraftData::default();
+    let reuse = a.collect.reuse_cache;
     for (path, cache) in a.data.iter().zip(&caches) {
-        let data = collect_cached(&engine, path, cache, opts, a.collect.limit)?;
-        train_data.append(&with_aux(&engine, data, cache, &fuse_layers, opts.threads)?)?;
+        let key = a.collect.key(&model_path, path, a.collect.limit)?;
+        let cache = Cached { path: cache, key: &key, reuse };
+        let data = collect_cached(&engine, path, &cache, opts, a.collect.limit)?;
+        train_data.append(&with_aux(&engine, data, &cache, &fuse_layers, opts.threads)?)?;
     }
     let heldout_cache = sibling(&a.out, "heldout-data.safetensors");
+    let heldout_key = a.collect.key(&model_path, &a.heldout, 0)?;
+    let heldout_cache = Cached { path: &heldout_cache, key: &heldout_key, reuse };
     let heldout = collect_cached(&engine, &a.heldout, &heldout_cache, opts, 0)?;
     let heldout = with_aux(&engine, heldout, &heldout_cache, &fuse_layers, opts.threads)?;
     if a.epochs == 0 {
         eprintln!("--epochs 0: data collected ({} training tokens), no head trained", train_data.tokens.len());
         return Ok(());
     }
-    let base = a.model.model.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
-    let metadata = HashMap::from([
-        ("base_model".to_string(), base.unwrap_or_else(|| engine::fetch::DefaultModel::SmolLM2.file_name().into())),
+    let data_files: Vec<&Path> = a.data.iter().chain([&a.heldout]).map(PathBuf::as_path).collect();
+    let mut metadata: HashMap<String, String> = manifest(&engine, &model_path, &data_files)?.into_iter().collect();
+    metadata.extend([
         ("train_data".to_string(), a.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
+        ("heldout_data".to_string(), a.heldout.display().to_string()),
         ("train_tokens".to_string(), train_data.tokens.len().to_string()),
-        ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
     ]);
     let c = &engine.model.config;
     let report = if eagle3 {

@@ -2,13 +2,14 @@
 //! predictors for a model (see `train::exit` and `decode::specee`).
 //!
 //! It traces the model at full depth over the records (cached beside the output as `EXIT.trace.safetensors`,
-//! reused on a rerun), trains one MLP per layer printing validation precision/recall, simulates exits on the
+//! reused on a rerun made from the same model, records, draft head and options, rebuilt with a line saying why
+//! otherwise, unless `--reuse-cache`: [`train::cache`]), trains one MLP per layer printing validation precision/recall, simulates exits on the
 //! validation split to pick the unverified threshold and the offline layer set, and writes the predictor file
 //! plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`). Last it calibrates a temperature per layer
 //! for exit logits on training records (`--calibrate N`; see `train::exit::calibrate_temperatures`);
 //! `--calibrate-only` adds temperatures to an existing predictor file (`--out`) without tracing or training.
 
-use super::{sibling, CollectArgs, ModelArgs};
+use super::{manifest, sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::path::PathBuf;
 use train::data::read_records;
@@ -88,10 +89,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
+    let head_path = a.draft.clone().unwrap_or_else(|| engine::speculative::default_head_path(&model_path));
     let cache = sibling(&a.out, if a.perfect_head { "perfect-trace.safetensors" } else { "trace.safetensors" });
+    let key = a
+        .collect
+        .key(&model_path, &a.data, a.collect.limit)?
+        .file("draft head", &head_path)?
+        .option("--perfect-head", a.perfect_head);
     let start = std::time::Instant::now();
-    let data = if cache.exists() {
-        eprintln!("using traced data {}", cache.display());
+    let data = if train::cache::check(&cache, &key, a.collect.reuse_cache)? {
         ExitData::load(&cache).with_context(|| format!("reading {}", cache.display()))?
     } else {
         let mut records = read_records(&a.data)?;
@@ -108,7 +114,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         })?;
         bar.finish_and_clear();
-        data.save(&cache)?;
+        data.save(&cache, &key)?;
         data
     };
     let trace_s = start.elapsed().as_secs_f64();
@@ -150,7 +156,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "chosen: unverified threshold {:.3} (agreement {:.4}, {:.2} layers); offline layers {:?}",
         chosen.threshold, chosen.agreement, chosen.avg_layers, schedule.offline
     );
-    let base = model_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut predictors = decode::specee::ExitPredictors::empty(engine.model.config.n_layers);
     predictors.layers = layers;
     predictors.schedule = schedule;
@@ -158,12 +163,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // shallow layers through (SmolLM2: teacher-forced agreement 0.46–0.82 at 0.5, 0.997 at 0.95).
     predictors.threshold = chosen.threshold;
     predictors.threshold_unverified = chosen.threshold;
+    predictors.metadata.extend(manifest(&engine, &model_path, &[a.data.as_path(), head_path.as_path()])?);
     predictors.metadata.extend([
-        ("base_model".to_string(), base),
         ("train_data".to_string(), a.data.display().to_string()),
+        ("draft_head".to_string(), head_path.display().to_string()),
         ("traced_tokens".to_string(), data.len().to_string()),
-        ("command".to_string(), std::env::args().collect::<Vec<_>>().join(" ")),
         ("train_seconds".to_string(), format!("{:.0}", train_s)),
+        ("seed".to_string(), a.seed.to_string()),
+        ("validation_agreement".to_string(), format!("{:.4}", chosen.agreement)),
+        ("validation_avg_layers".to_string(), format!("{:.2}", chosen.avg_layers)),
     ]);
     if a.calibrate > 0 {
         calibrate(&engine, &a, &mut predictors)?;
