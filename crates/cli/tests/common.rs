@@ -33,6 +33,18 @@ pub fn gemma3() -> PathBuf {
     p
 }
 
+/// Qwen2.5-Coder-0.5B-Instruct, the third default model.
+pub fn qwen_coder() -> PathBuf {
+    let p = models_dir().join("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf");
+    assert!(p.exists(), "{} missing: run `cargo run --release -- fetch` first", p.display());
+    p
+}
+
+/// This repository's own llama.cpp references for Qwen2.5-Coder (`scripts/llama_reference.py`).
+pub fn qwen_reference_dir() -> PathBuf {
+    workspace_root().join("reference/qwen-coder")
+}
+
 /// Runs `specee args…`, killing it after `timeout` (a hang is a failure).
 pub fn specee(args: &[&str], timeout: Duration) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_specee"))

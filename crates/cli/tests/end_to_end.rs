@@ -1,6 +1,7 @@
 //! The CLI on the real default models, against llama.cpp's reference outputs: tokenization, greedy generation
 //! (raw and `--chat`), perplexity within 1% of llama.cpp's, `specee eval` and `generate` for both early-exit
-//! modes, and `--mode eagle` with a published EAGLE-3 checkpoint.
+//! modes, and `--mode eagle` with a published EAGLE-3 checkpoint. Qwen2.5-Coder (the third default model) gets a
+//! smaller set, called by its short name (`-m qwen-coder`): chat generation and 8 chunks of perplexity.
 
 mod common;
 
@@ -94,12 +95,29 @@ fn generate_chat_matches_reference() {
     }
 }
 
+#[test]
+fn qwen_coder_by_name_generates_the_reference_chat_answer() {
+    qwen_coder();
+    let text = std::fs::read_to_string(qwen_reference_dir().join("greedy_chat.jsonl")).unwrap();
+    let rec: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(qwen_reference_dir().join("meta.json")).unwrap()).unwrap();
+    check_generate(std::path::Path::new("qwen-coder"), &rec, meta["chat_prompts"][0].as_str().unwrap(), true);
+}
+
 fn perplexity(model: &std::path::Path) -> f64 {
+    perplexity_chunks(model, None)
+}
+
+fn perplexity_chunks(model: &std::path::Path, chunks: Option<usize>) -> f64 {
     let text = reference_dir().join("perplexity-text.txt");
-    let o = specee(
-        &["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "256", "-t", "2"],
-        Duration::from_secs(1200),
-    );
+    let chunks = chunks.map(|c| c.to_string());
+    let mut args =
+        vec!["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "256", "-t", "2"];
+    if let Some(c) = &chunks {
+        args.extend(["--chunks", c.as_str()]);
+    }
+    let o = specee(&args, Duration::from_secs(1200));
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let last = out.lines().last().unwrap();
@@ -114,6 +132,13 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         eprintln!("{}: PPL {got:.4} vs llama.cpp {want}", model.display());
         assert!((got - want).abs() / want < 0.01, "{}: PPL {got} vs llama.cpp {want}", model.display());
     }
+    // Qwen2.5-Coder: the first 8 chunks (its whole-file figure is in reference/qwen-coder/perplexity.json).
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(qwen_reference_dir().join("perplexity.json")).unwrap()).unwrap();
+    let want = reference["ppl_after_8_chunks"].as_f64().unwrap();
+    let got = perplexity_chunks(&qwen_coder(), Some(8));
+    eprintln!("qwen-coder: PPL over 8 chunks {got:.4} vs llama.cpp {want}");
+    assert!((got - want).abs() / want < 0.01, "qwen-coder: PPL {got} vs llama.cpp {want}");
 }
 
 /// `specee eval --mode specee|specee-eagle` with the shipped SmolLM2 head and predictors on two chunks of the

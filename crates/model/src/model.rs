@@ -32,6 +32,14 @@ pub enum Mask<'a> {
     Allowed(&'a [bool]),
 }
 
+/// One sequence's share of a [`Model::layer_batch`] or [`Model::forward_batch`] call: the positions of its new
+/// rows (consecutive in the batch), which of them each may see, and its own cache.
+pub struct Sequence<'p, 'k> {
+    pub positions: &'p [u32],
+    pub mask: Mask<'p>,
+    pub kv: &'k mut KvCache,
+}
+
 /// Which rows [`Model::forward`] computes logits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -215,8 +223,29 @@ impl Model {
         kv: &mut KvCache,
         ws: &mut Workspace,
     ) -> Result<(), ModelError> {
+        self.layer_batch(il, x, &mut [Sequence { positions, mask, kv }], ws)
+    }
+
+    /// [`Model::layer`] over the rows of several independent sequences at once (`x` holds their rows in order):
+    /// the products read each weight once for all rows; each sequence attends only to its own cache and rows.
+    /// Every row's result is what a one-sequence call would give it (the products are batch-invariant).
+    pub fn layer_batch(
+        &self,
+        il: usize,
+        x: &mut [f32],
+        seqs: &mut [Sequence<'_, '_>],
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let lw = &self.weights.layers[il];
+        let joined: Vec<u32>;
+        let positions: &[u32] = match seqs {
+            [one] => one.positions,
+            _ => {
+                joined = seqs.iter().flat_map(|s| s.positions.iter().copied()).collect();
+                &joined
+            }
+        };
         let n = positions.len();
         let d = c.n_embd;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -224,9 +253,12 @@ impl Model {
         let hdv = c.head_dim_v;
         let vd = c.n_head_kv * hdv;
         let att_d = c.n_head * hdv;
-        kv.check_room(il, n)?;
-        if let Mask::Allowed(a) = mask {
-            assert_eq!(a.len(), n * n, "mask must be n×n");
+        for s in seqs.iter() {
+            s.kv.check_room(il, s.positions.len())?;
+            if let Mask::Allowed(a) = s.mask {
+                let m = s.positions.len();
+                assert_eq!(a.len(), m * m, "mask must be n×n");
+            }
         }
 
         grow(&mut ws.h, n * d);
@@ -254,45 +286,46 @@ impl Model {
             &mut ws.mm,
         );
         self.finish_qkv(il, positions, n, true, ws);
-        let base = kv.len(il);
-        let total = base + n;
-        self.append_kv(il, positions, kv, ws);
         let swa = c.layer_is_swa.get(il).copied().unwrap_or(false);
-
-        // Attention: tasks of a row and one or more heads of a KV group, split over the pool by KV head.
-        let n_threads = ws.pool.n_threads();
-        // Per thread: every position's score and slot (see `Attention::run_split`).
-        grow(&mut ws.scores, n_threads.min(MAX_SHARES) * SCRATCH_PER_SLOT * total);
-        let lc = kv.layer_mut(il);
-        let (kc, vc, pc) = (&lc.k[..], &lc.v[..], &lc.pos[..]);
         let window = if swa { c.sliding_window } else { None };
-        let group = c.n_head / c.n_head_kv;
-        let scale = c.attn_scale;
-        let q = &ws.q[..];
-        let att = SharedMut(ws.att.as_mut_ptr());
-        let job = Attention {
-            q,
-            kc,
-            vc,
-            pc,
-            positions,
-            mask,
-            window,
-            base,
-            total,
-            n,
-            qd,
-            kvd,
-            vd,
-            hd,
-            hdv,
-            att_d,
-            n_head: c.n_head,
-            group,
-            scale,
-            att,
-        };
-        job.run_split(&ws.pool, &mut ws.scores);
+        let n_threads = ws.pool.n_threads();
+        let mut row0 = 0;
+        for s in seqs.iter_mut() {
+            let m = s.positions.len();
+            let base = s.kv.len(il);
+            let total = base + m;
+            self.append_kv(il, s.positions, row0, s.kv, ws);
+
+            // Attention: tasks of a row and one or more heads of a KV group, split over the pool by KV head.
+            // Per thread: every position's score and slot (see `Attention::run_split`).
+            grow(&mut ws.scores, n_threads.min(MAX_SHARES) * SCRATCH_PER_SLOT * total);
+            let lc = s.kv.layer_mut(il);
+            let job = Attention {
+                q: &ws.q[row0 * qd..(row0 + m) * qd],
+                kc: &lc.k[..],
+                vc: &lc.v[..],
+                pc: &lc.pos[..],
+                positions: s.positions,
+                mask: s.mask,
+                window,
+                base,
+                total,
+                n: m,
+                qd,
+                kvd,
+                vd,
+                hd,
+                hdv,
+                att_d,
+                n_head: c.n_head,
+                group: c.n_head / c.n_head_kv,
+                scale: c.attn_scale,
+                // SAFETY of the offset: `ws.att` holds `n × att_d` floats and these rows are within it.
+                att: SharedMut(ws.att[row0 * att_d..].as_mut_ptr()),
+            };
+            job.run_split(&ws.pool, &mut ws.scores);
+            row0 += m;
+        }
 
         let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);
@@ -370,8 +403,8 @@ impl Model {
         }
     }
 
-    /// Appends the `n = positions.len()` rows of `ws.k` / `ws.v` to layer `il` of the cache.
-    fn append_kv(&self, il: usize, positions: &[u32], kv: &mut KvCache, ws: &Workspace) {
+    /// Appends the `n = positions.len()` rows of `ws.k` / `ws.v` from row `row0` on to layer `il` of the cache.
+    fn append_kv(&self, il: usize, positions: &[u32], row0: usize, kv: &mut KvCache, ws: &Workspace) {
         let c = &self.config;
         let (kvd, vd, n) = (c.kv_dim(), c.n_head_kv * c.head_dim_v, positions.len());
         let base = kv.len(il);
@@ -383,8 +416,8 @@ impl Model {
             use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
             dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
         };
-        bits(&mut lc.k[base * kvd..total * kvd], &ws.k[..n * kvd]);
-        bits(&mut lc.v[base * vd..total * vd], &ws.v[..n * vd]);
+        bits(&mut lc.k[base * kvd..total * kvd], &ws.k[row0 * kvd..(row0 + n) * kvd]);
+        bits(&mut lc.v[base * vd..total * vd], &ws.v[row0 * vd..(row0 + n) * vd]);
         lc.pos[base..total].copy_from_slice(positions);
         lc.len = total;
     }
@@ -423,7 +456,7 @@ impl Model {
             &mut ws.mm,
         );
         self.finish_qkv(il, positions, n, false, ws);
-        self.append_kv(il, positions, kv, ws);
+        self.append_kv(il, positions, 0, kv, ws);
         Ok(())
     }
 
@@ -688,6 +721,46 @@ impl Model {
         ws.normed = normed;
         ws.logits = logits;
         Ok(&ws.logits[..rows * v])
+    }
+
+    /// Runs the new `tokens[i]` of several independent sequences through every layer at once, sequence `i` at
+    /// positions `kvs[i].seq_len()..` of its own cache, causally (see [`Model::layer_batch`]). `hidden` receives
+    /// the final (un-normed) hidden rows of all sequences in order. Each row comes out as a one-sequence
+    /// [`Model::forward`] would compute it; several short sequences cost little more than one, as every weight
+    /// is read once per layer for all of their rows.
+    pub fn forward_batch(
+        &self,
+        tokens: &[&[u32]],
+        kvs: &mut [&mut KvCache],
+        ws: &mut Workspace,
+        hidden: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        assert_eq!(tokens.len(), kvs.len(), "one cache per sequence");
+        let all: Vec<u32> = tokens.concat();
+        let d = self.config.n_embd;
+        let mut positions = Vec::with_capacity(tokens.len());
+        for (t, kv) in tokens.iter().zip(kvs.iter()) {
+            let start = kv.seq_len();
+            if start + t.len() > kv.capacity() {
+                return Err(ModelError::ContextFull { needed: start + t.len(), capacity: kv.capacity() });
+            }
+            positions.push((start as u32..(start + t.len()) as u32).collect::<Vec<u32>>());
+        }
+        hidden.resize(all.len() * d, 0.0);
+        if all.is_empty() {
+            return Ok(());
+        }
+        self.embed(&all, hidden)?;
+        for il in 0..self.config.n_layers {
+            let mut seqs: Vec<Sequence<'_, '_>> = positions
+                .iter()
+                .zip(kvs.iter_mut())
+                .filter(|(p, _)| !p.is_empty())
+                .map(|(p, kv)| Sequence { positions: p, mask: Mask::Causal, kv })
+                .collect();
+            self.layer_batch(il, hidden, &mut seqs, ws)?;
+        }
+        Ok(())
     }
 }
 

@@ -157,6 +157,23 @@ fn gemma3_matches_llama_cpp() {
     assert!(r.id_checks >= 60, "too few greedy checks: {}", r.id_checks);
 }
 
+/// Qwen2.5-Coder-0.5B (`qwen2`, 24 layers, untied Q8_0 head) against `reference/qwen-coder/` of this repository
+/// (made by `scripts/llama_reference.py` with llama.cpp's Python binding).
+#[test]
+fn qwen_coder_matches_llama_cpp() {
+    let m = load(models_dir().join("Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"));
+    assert_eq!((m.config.n_layers, m.config.n_embd, m.config.n_head, m.config.n_head_kv), (24, 896, 14, 2));
+    let dir = workspace_root().join("reference/qwen-coder");
+    let a = check(&m, dir.join("greedy_raw.jsonl").to_str().unwrap(), &REAL);
+    let b = check(&m, dir.join("greedy_chat.jsonl").to_str().unwrap(), &REAL);
+    assert!(
+        a.id_checks >= 100 && b.id_checks >= 30,
+        "too few greedy checks: {} raw, {} chat",
+        a.id_checks,
+        b.id_checks
+    );
+}
+
 #[test]
 fn synthetic_architectures_match_llama_cpp() {
     for name in ["synthetic-llama-gqa", "synthetic-qwen2", "synthetic-qwen3"] {

@@ -1,6 +1,8 @@
 //! Golden tests against llama.cpp's outputs in `../shared/reference` (see its README): tokenization of
 //! 30 tricky strings for both default models, the prompt ids of the greedy references, the bytes of
-//! their generated text, SmolLM2's chat template, and the synthetic GGUFs' tokenizer.
+//! their generated text, SmolLM2's chat template, and the synthetic GGUFs' tokenizer; for Qwen2.5-Coder (the third
+//! default model) the same checks against `reference/qwen-coder/` in this repository, made by
+//! `scripts/llama_reference.py` with llama.cpp's Python binding.
 //!
 //! Paths: the reference folder is `<workspace>/../shared/reference` (override: `SPECEE_REFERENCE_DIR`),
 //! the models are in `<workspace>/models` (override: `SPECEE_MODELS_DIR`), fetched by `specee fetch`.
@@ -14,6 +16,7 @@ use tokenizer::{StreamDecoder, Tokenizer};
 
 const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+const QWEN_CODER: &str = "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf";
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -27,6 +30,11 @@ fn reference_dir() -> PathBuf {
 
 fn models_dir() -> PathBuf {
     std::env::var_os("SPECEE_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("models"))
+}
+
+/// A file of this repository's own Qwen2.5-Coder references (an absolute path, which `reference_file` keeps).
+fn qwen_reference(name: &str) -> String {
+    workspace_root().join("reference/qwen-coder").join(name).to_string_lossy().into_owned()
 }
 
 fn reference_file(name: &str) -> PathBuf {
@@ -118,6 +126,31 @@ fn smollm2_tokenizes_like_llama_cpp() {
 #[test]
 fn gemma3_tokenizes_like_llama_cpp() {
     check_tokenize_reference(GEMMA3, "gemma3.tokenize.jsonl");
+}
+
+#[test]
+fn qwen_coder_tokenizes_like_llama_cpp() {
+    check_tokenize_reference(QWEN_CODER, &qwen_reference("tokenize.jsonl"));
+}
+
+/// Qwen2.5-Coder: the greedy references' prompts and texts, its chat template rendering the chat prompts the
+/// reference script rendered with llama.cpp's binding (jinja2), and its special tokens.
+#[test]
+fn qwen_coder_prompts_template_and_specials() {
+    let qwen = load_model(QWEN_CODER);
+    assert_eq!(check_greedy_reference(&qwen, &qwen_reference("greedy_raw.jsonl")), 8);
+    assert_eq!(check_greedy_reference(&qwen, &qwen_reference("greedy_chat.jsonl")), 4);
+    let meta = read_json(&qwen_reference("meta.json"));
+    let users = meta["chat_prompts"].as_array().expect("chat_prompts");
+    for (line, user) in read_jsonl(&qwen_reference("greedy_chat.jsonl")).iter().zip(users) {
+        let messages = [Message::new("user", user.as_str().expect("string"))];
+        assert_eq!(qwen.render_chat(&messages, true).expect("renders"), line["prompt"].as_str().expect("prompt"));
+    }
+    assert_eq!(qwen.vocab_size(), 151936);
+    assert!(!qwen.add_bos());
+    let im_end = qwen.token_id("<|im_end|>").expect("<|im_end|>");
+    let end_of_text = qwen.token_id("<|endoftext|>").expect("<|endoftext|>");
+    assert!(qwen.is_eog(im_end) && qwen.is_eog(end_of_text));
 }
 
 /// Prompt ids and the bytes of the generated text of a greedy reference file.

@@ -227,15 +227,146 @@ pub struct CollectOptions {
     /// Tokens kept of a prompt or text (the beginning).
     pub max_input: usize,
     pub threads: usize,
+    /// Records run side by side, each in its own cache, one forward for all of them per step (1: one at a
+    /// time). The output is the same whatever the number: only the speed changes (on Qwen2.5-Coder 0.5B, 8 rows
+    /// cost ~1.7× one).
+    pub batch: usize,
 }
 
-/// Runs the target over `records`, calling `progress(done, tokens_so_far)` after each.
+/// What a record asks of the model, tokenized and cut to `max_input`; `None` for records too short to use.
+fn record_input(engine: &Engine, record: &Record, max_input: usize) -> Result<Option<(Vec<u32>, bool)>, TrainError> {
+    let (mut ids, generate) = match record {
+        Record::Chat(messages) => (engine.tokenize_prompt(&render_chat(engine, messages)?), true),
+        Record::Text(text) => (engine.tokenize_prompt(text), false),
+    };
+    ids.truncate(max_input);
+    Ok((ids.len() >= 3).then_some((ids, generate)))
+}
+
+/// One record in flight in [`collect`].
+struct Running {
+    /// Index of the record.
+    index: usize,
+    tokens: Vec<u32>,
+    /// Tokens given (the rest were generated).
+    prompt_len: usize,
+    generate: bool,
+    /// Feature rows of the tokens run so far.
+    features: Vec<f32>,
+    /// Tokens to run in the next forward.
+    pending: std::ops::Range<usize>,
+    kv: model::KvCache,
+}
+
+/// A record [`collect`] is done with.
+struct Finished {
+    tokens: Vec<u32>,
+    features: Vec<f32>,
+    prompt_len: usize,
+}
+
+/// Runs the target over `records`, [`CollectOptions::batch`] at a time, calling `progress(done, tokens_so_far)`
+/// as each finishes. Chat records are answered greedily (up to `max_new` tokens or end of generation), texts
+/// teacher-forced; every token but the last of each sequence gets its feature (the final-normed hidden state).
+/// The result is in record order and does not depend on the batch size.
 pub fn collect(
     engine: &Engine,
     records: &[Record],
     opts: CollectOptions,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<DraftData, TrainError> {
+    let model = &engine.model;
+    let d = model.config.n_embd;
+    let ctx = opts.max_input + opts.max_new + 8;
+    let mut ws = model::Workspace::new(opts.threads);
+    let mut finished: Vec<Option<Finished>> = (0..records.len()).map(|_| None).collect();
+    let mut queue = 0..records.len();
+    let (mut done, mut tokens_done) = (0, 0);
+    let mut running: Vec<Running> = Vec::new();
+    let mut spare_caches: Vec<model::KvCache> = Vec::new();
+    let (mut hidden, mut normed, mut last_rows, mut next) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    loop {
+        while running.len() < opts.batch.max(1) {
+            let Some(index) = queue.next() else { break };
+            match record_input(engine, &records[index], opts.max_input)? {
+                None => {
+                    done += 1;
+                    progress(done, tokens_done);
+                }
+                Some((tokens, generate)) => {
+                    let mut kv = spare_caches.pop().unwrap_or_else(|| model.new_cache(ctx));
+                    kv.clear();
+                    // A text runs all its tokens but the last; a chat prompt all of them (the last one's output
+                    // is the first answer token).
+                    let pending = 0..tokens.len() - usize::from(!generate);
+                    let prompt_len = tokens.len();
+                    running.push(Running { index, tokens, prompt_len, generate, features: Vec::new(), pending, kv });
+                }
+            }
+        }
+        if running.is_empty() {
+            break;
+        }
+        let (inputs, mut kvs): (Vec<&[u32]>, Vec<&mut model::KvCache>) =
+            running.iter_mut().map(|r| (&r.tokens[r.pending.clone()], &mut r.kv)).unzip();
+        let rows = inputs.iter().map(|t| t.len()).sum::<usize>();
+        model.forward_batch(&inputs, &mut kvs, &mut ws, &mut hidden)?;
+        normed.resize(rows * d, 0.0);
+        model.final_norm(&hidden[..rows * d], &mut normed[..rows * d]);
+        // Every generating record's next token, from its last row, in one head product.
+        last_rows.clear();
+        let mut row = 0;
+        for r in &mut running {
+            let m = r.pending.len();
+            r.features.extend_from_slice(&normed[row * d..(row + m) * d]);
+            if r.generate {
+                last_rows.extend_from_slice(&normed[(row + m - 1) * d..(row + m) * d]);
+            }
+            row += m;
+        }
+        let generating = last_rows.len() / d;
+        next.resize(generating, 0u32);
+        if generating > 0 {
+            model.head_argmax(&last_rows, generating, &mut next, &mut ws);
+        }
+        let mut answers = next.iter();
+        let mut still = Vec::with_capacity(running.len());
+        for mut r in running.drain(..) {
+            let finished_now = if r.generate {
+                let &t = answers.next().expect("one answer per generating record");
+                r.tokens.push(t);
+                r.pending = r.tokens.len() - 1..r.tokens.len();
+                r.tokens.len() - r.prompt_len >= opts.max_new || engine.tokenizer.is_eog(t)
+            } else {
+                true
+            };
+            if finished_now {
+                if !r.generate {
+                    r.prompt_len = r.tokens.len();
+                }
+                done += 1;
+                tokens_done += r.tokens.len();
+                let index = r.index;
+                finished[index] = Some(Finished { tokens: r.tokens, features: r.features, prompt_len: r.prompt_len });
+                spare_caches.push(r.kv);
+                progress(done, tokens_done);
+            } else {
+                still.push(r);
+            }
+        }
+        running = still;
+    }
+    let mut data = DraftData { d, ..Default::default() };
+    for r in finished.into_iter().flatten() {
+        data.push(&r.tokens, &r.features, r.prompt_len);
+    }
+    Ok(data)
+}
+
+/// [`collect`] one record at a time through the speculative decoder with a proposer that drafts nothing: the
+/// plain definition of what `collect` computes, kept as its test oracle.
+#[doc(hidden)]
+pub fn collect_one_by_one(engine: &Engine, records: &[Record], opts: CollectOptions) -> Result<DraftData, TrainError> {
     let model = &engine.model;
     let mut data = DraftData { d: model.config.n_embd, ..Default::default() };
     let ctx = opts.max_input + opts.max_new + 8;
@@ -246,17 +377,9 @@ pub fn collect(
         FeaturesOnly(FeatureSource::FinalNorm),
         SamplingParams::greedy(),
     );
-    for (i, record) in records.iter().enumerate() {
+    for record in records {
+        let Some((ids, generate)) = record_input(engine, record, opts.max_input)? else { continue };
         dec.reset();
-        let (mut ids, generate) = match record {
-            Record::Chat(messages) => (engine.tokenize_prompt(&render_chat(engine, messages)?), true),
-            Record::Text(text) => (engine.tokenize_prompt(text), false),
-        };
-        ids.truncate(opts.max_input);
-        if ids.len() < 3 {
-            progress(i + 1, data.tokens.len());
-            continue;
-        }
         dec.feed(&ids)?;
         if generate {
             let mut produced = 0;
@@ -270,7 +393,6 @@ pub fn collect(
         }
         let prompt_len = if generate { ids.len() } else { dec.tokens().len() };
         data.push(dec.tokens(), dec.features(), prompt_len);
-        progress(i + 1, data.tokens.len());
     }
     Ok(data)
 }

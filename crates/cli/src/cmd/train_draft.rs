@@ -155,6 +155,10 @@ pub(crate) fn collect_cached(
     let data = collect(engine, &records, opts, |done, tokens| {
         bar.set_position(done as u64);
         bar.set_message(format!("{tokens} tokens"));
+        if !super::console_is_terminal() && done % 25 == 0 {
+            let secs = start.elapsed().as_secs_f64();
+            eprintln!("collected {done}/{} records, {tokens} tokens, {secs:.0} s", records.len());
+        }
     })?;
     bar.finish_and_clear();
     eprintln!(

@@ -109,7 +109,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let data = collect_exit(&engine, head, &records, opts, a.perfect_head, |done, tokens| {
             bar.set_position(done as u64);
             bar.set_message(format!("{tokens} tokens"));
-            if !console_is_terminal() && done % 50 == 0 {
+            if !super::console_is_terminal() && done % 50 == 0 {
                 eprintln!("traced {done}/{} records, {tokens} tokens", records.len());
             }
         })?;
@@ -217,11 +217,6 @@ fn calibrate(engine: &engine::Engine, a: &Args, predictors: &mut decode::specee:
     predictors.temperature = temps;
     predictors.metadata.insert("calibrate_records".into(), records.len().to_string());
     Ok(())
-}
-
-fn console_is_terminal() -> bool {
-    use std::io::IsTerminal;
-    std::io::stderr().is_terminal()
 }
 
 /// What a perfect predictor reaches on the validation split of `data` ([`oracle`]), as one line.
