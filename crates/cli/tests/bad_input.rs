@@ -237,6 +237,21 @@ fn eagle_mode_names_a_bad_draft_head() {
     eagle(old.to_str().unwrap(), "hidden size 640");
 }
 
+/// SmolLM2's shipped head and predictors on Qwen2.5-Coder (called by name): one line naming the model each was
+/// made for.
+#[test]
+fn smollm2_heads_on_qwen_coder_are_one_line_errors() {
+    common::qwen_coder();
+    let heads = common::workspace_root().join("heads");
+    let draft = heads.join("SmolLM2-135M-Instruct.Q4_1.draft.safetensors");
+    let exit = heads.join("SmolLM2-135M-Instruct.Q4_1.exit.safetensors");
+    let base = ["generate", "-m", "qwen-coder", "-p", "Hi", "-n", "4", "--mode"];
+    let made_for = "it was made for SmolLM2-135M-Instruct.Q4_1.gguf (llama, 30 layers, d 576";
+    assert_clean_error(&[&base[..], &["eagle", "--draft", draft.to_str().unwrap()]].concat(), made_for);
+    let specee = ["specee", "--draft", draft.to_str().unwrap(), "--exit", exit.to_str().unwrap()];
+    assert_clean_error(&[&base[..], &specee].concat(), made_for);
+}
+
 #[test]
 fn train_draft_refuses_bad_learning_rates_and_a_missing_record_file() {
     let m = smollm2();
