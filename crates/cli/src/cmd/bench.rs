@@ -1,6 +1,7 @@
 //! `specee bench -m PATH [-t N] [-p P] [-n N] [-r R] [--batch-curve] [--llama-cpp] [--json]`: prompt and decode
 //! speed (median, min, max over R runs), optionally the multi-row batch curve and llama.cpp measured side by
-//! side in the same run (through the `llama-cpp-python` package) with the ratio.
+//! side in the same run with the ratio: its own `llama-bench` (built once from the `llama-cpp-python` source
+//! archive by `scripts/build_llama_cpp.sh`), or with `--llama-cpp-binding` the Python package itself.
 //!
 //! `specee bench --mode eagle|ngram|specee|specee-eagle|dense --prompts FILE.jsonl [-n N]`: decodes N tokens (greedy, stopping
 //! at end of generation) after every prompt of the file (`{"prompt": "..."}` raw, or `{"messages": [...]}`
@@ -37,9 +38,14 @@ pub struct Args {
     /// Also measure one forward of k = 1, 2, 4, 8, 16 rows with logits for every row.
     #[arg(long)]
     pub batch_curve: bool,
-    /// Also measure llama.cpp (llama-cpp-python) on the same model, threads and tokens, and print the ratio.
+    /// Also measure llama.cpp on the same model, threads and token counts with its own `llama-bench` (built once
+    /// from the llama-cpp-python source archive by scripts/build_llama_cpp.sh), and print the ratio.
     #[arg(long)]
     pub llama_cpp: bool,
+    /// With --llama-cpp: measure through the llama-cpp-python package instead of llama-bench (its per-token
+    /// Python overhead makes it read low on small models).
+    #[arg(long, requires = "llama_cpp")]
+    pub llama_cpp_binding: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -51,7 +57,87 @@ fn stats(v: &[f64]) -> Value {
     json!({ "median": median(v), "min": min, "max": max })
 }
 
-fn llama_cpp(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<Value> {
+/// llama.cpp's speed on the same model and threads: `llama-bench` (llama.cpp's own C++ tool, built once by
+/// `scripts/build_llama_cpp.sh`), or with `--llama-cpp-binding` the `llama-cpp-python` package on the same token
+/// ids. Returns `{"prompt_tokens_per_s": [...], "decode_tokens_per_s": [...], "version", "tool"}`, one figure per
+/// repetition (no prompt figures when `prompt` is empty).
+fn llama_cpp(a: &Args, path: &str, threads: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<Value> {
+    let reps = a.reps.max(1);
+    if a.llama_cpp_binding {
+        let mut v =
+            llama_cpp_binding(path, threads, reps, if prompt.is_empty() { &decode[..1] } else { prompt }, decode)?;
+        if prompt.is_empty() {
+            v["prompt_tokens_per_s"] = json!([]);
+        }
+        v["tool"] = json!("llama-cpp-python");
+        return Ok(v);
+    }
+    llama_bench(path, threads, reps, prompt.len(), decode.len().saturating_sub(1).max(1))
+}
+
+/// Runs `llama-bench -p P -n N -r R -t T -o json` (P = 0: decode only) and keeps its per-repetition figures.
+fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: usize) -> anyhow::Result<Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build_llama_cpp.sh");
+    let built = Command::new("bash")
+        .arg(script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run bash for {script}: {e}"))?;
+    if !built.status.success() {
+        anyhow::bail!(
+            "llama.cpp's tools are not built (scripts/build_llama_cpp.sh failed, see above); \
+             --llama-cpp-binding measures the llama-cpp-python package instead"
+        );
+    }
+    let paths = String::from_utf8_lossy(&built.stdout).into_owned();
+    let get = |k: &str| paths.lines().find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')));
+    let bench = get("LLAMA_BENCH").ok_or_else(|| anyhow::anyhow!("{script} printed no LLAMA_BENCH path"))?;
+    let version = get("LLAMA_CPP_VERSION").unwrap_or("?").to_string();
+    let out = Command::new(bench)
+        .args(["-m", path, "-t", &threads.to_string(), "-r", &reps.to_string(), "-o", "json"])
+        .args(["-p", &n_prompt.to_string(), "-n", &n_gen.to_string()])
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {bench}: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::bail!("llama-bench failed ({}): {}", out.status, err.lines().last().unwrap_or("no output"));
+    }
+    let tests: Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("llama-bench printed no JSON ({e})"))?;
+    parse_llama_bench(&tests, &version)
+}
+
+/// llama-bench's JSON (one object per test: `n_prompt`, `n_gen`, `samples_ts`) as our per-repetition figures.
+fn parse_llama_bench(tests: &Value, version: &str) -> anyhow::Result<Value> {
+    let tests = tests.as_array().ok_or_else(|| anyhow::anyhow!("llama-bench's JSON is not a list of tests"))?;
+    let samples = |want_prompt: bool| -> Vec<f64> {
+        tests
+            .iter()
+            .filter(|t| {
+                let (np, ng) = (t["n_prompt"].as_u64().unwrap_or(0), t["n_gen"].as_u64().unwrap_or(0));
+                if want_prompt {
+                    np > 0 && ng == 0
+                } else {
+                    np == 0 && ng > 0
+                }
+            })
+            .flat_map(|t| t["samples_ts"].as_array().cloned().unwrap_or_default())
+            .filter_map(|x| x.as_f64())
+            .collect()
+    };
+    let decode = samples(false);
+    if decode.is_empty() {
+        anyhow::bail!("llama-bench's JSON has no decode (tg) figures");
+    }
+    Ok(json!({
+        "prompt_tokens_per_s": samples(true),
+        "decode_tokens_per_s": decode,
+        "version": version,
+        "tool": "llama-bench",
+    }))
+}
+
+fn llama_cpp_binding(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<Value> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/llama_cpp_bench.py");
     let join = |v: &[u32]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
     let out = Command::new("python3")
@@ -71,7 +157,7 @@ fn llama_cpp(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[
             );
         }
         let err = String::from_utf8_lossy(&out.stderr);
-        anyhow::bail!("llama.cpp side failed: {}", err.lines().last().unwrap_or("no output"));
+        anyhow::bail!("llama.cpp (llama-cpp-python) failed: {}", err.lines().last().unwrap_or("no output"));
     }
     Ok(serde_json::from_slice(&out.stdout)?)
 }
@@ -117,12 +203,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.llama_cpp {
         let prompt = bench_tokens(&eng, a.prompt.max(1));
         let decode = bench_tokens(&eng, a.gen.max(1) + 1);
-        let l = llama_cpp(&path.display().to_string(), threads, p.repetitions, &prompt, &decode)?;
+        let l = llama_cpp(&a, &path.display().to_string(), threads, &prompt, &decode)?;
         let as_vec = |k: &str| {
             l[k].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect::<Vec<_>>()).unwrap_or_default()
         };
         let (lpp, ltg) = (as_vec("prompt_tokens_per_s"), as_vec("decode_tokens_per_s"));
-        out["llama_cpp"] = json!({ "prompt_tokens_per_s": median(&lpp), "decode_tokens_per_s": median(&ltg), "prompt": stats(&lpp), "decode": stats(&ltg), "version": l["version"] });
+        out["llama_cpp"] = json!({ "prompt_tokens_per_s": median(&lpp), "decode_tokens_per_s": median(&ltg), "prompt": stats(&lpp), "decode": stats(&ltg), "version": l["version"], "tool": l["tool"] });
         out["ratio"] = json!({ "prompt": median(&pp) / median(&lpp), "decode": median(&tg) / median(&ltg) });
     }
     if a.json {
@@ -146,7 +232,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         s(&out["decode"])
     );
     if let Some(l) = out.get("llama_cpp") {
-        println!("| llama.cpp | {threads} | {} | {} |", s(&l["prompt"]), s(&l["decode"]));
+        println!(
+            "| llama.cpp {} ({}) | {threads} | {} | {} |",
+            l["version"].as_str().unwrap_or("?"),
+            l["tool"].as_str().unwrap_or("?"),
+            s(&l["prompt"]),
+            s(&l["decode"])
+        );
         println!(
             "\nratio specee / llama.cpp: prompt {:.2}×, decode {:.2}×",
             out["ratio"]["prompt"].as_f64().unwrap_or(0.0),
@@ -267,15 +359,15 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         out["verify_failures_per_token"] = json!(exits.verify_failures_per_token);
     }
     if a.llama_cpp {
-        let prompt = bench_tokens(&eng, a.prompt.max(1));
         let decode = bench_tokens(&eng, a.gen.max(1) + 1);
-        let l = llama_cpp(&path.display().to_string(), threads, a.reps.max(1), &prompt, &decode)?;
+        let l = llama_cpp(&a, &path.display().to_string(), threads, &[], &decode)?;
         let ltg: Vec<f64> = l["decode_tokens_per_s"]
             .as_array()
             .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
             .unwrap_or_default();
         let lt = median(&ltg);
-        out["llama_cpp"] = json!({ "decode_tokens_per_s": lt, "decode": stats(&ltg) });
+        out["llama_cpp"] =
+            json!({ "decode_tokens_per_s": lt, "decode": stats(&ltg), "version": l["version"], "tool": l["tool"] });
         out["ratio_vs_llama_cpp"] = json!(out["decode_tokens_per_s"].as_f64().unwrap_or(0.0) / lt);
     }
     if a.json {
@@ -312,8 +404,10 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         }
         if let Some(l) = out.get("llama_cpp") {
             println!(
-                "\nllama.cpp decode (tg{}): {:.1} tok/s; {} / llama.cpp: {:.2}×",
+                "\nllama.cpp {} decode (tg{}, {}): {:.1} tok/s; {} / llama.cpp: {:.2}×",
+                l["version"].as_str().unwrap_or("?"),
                 a.gen,
+                l["tool"].as_str().unwrap_or("?"),
                 l["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
                 out["mode"].as_str().unwrap_or(""),
                 out["ratio_vs_llama_cpp"].as_f64().unwrap_or(0.0)
@@ -324,4 +418,36 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("the {} output differs from dense greedy on some prompt", mode);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape `llama-bench -o json` prints (fields trimmed): one object per test, pp then tg.
+    const LLAMA_BENCH_JSON: &str = r#"[
+      {"build_commit": "x", "model_type": "qwen2 1B Q4_K - Medium", "n_threads": 2, "n_prompt": 128, "n_gen": 0,
+       "avg_ts": 201.5, "stddev_ts": 1.5, "samples_ns": [1, 2], "samples_ts": [200.0, 203.0]},
+      {"build_commit": "x", "model_type": "qwen2 1B Q4_K - Medium", "n_threads": 2, "n_prompt": 0, "n_gen": 64,
+       "avg_ts": 40.5, "stddev_ts": 0.5, "samples_ns": [1, 2], "samples_ts": [40.0, 41.0]}
+    ]"#;
+
+    #[test]
+    fn llama_bench_json_becomes_per_repetition_figures() {
+        let v = parse_llama_bench(&serde_json::from_str(LLAMA_BENCH_JSON).unwrap(), "0.3.36").unwrap();
+        assert_eq!(v["prompt_tokens_per_s"], json!([200.0, 203.0]));
+        assert_eq!(v["decode_tokens_per_s"], json!([40.0, 41.0]));
+        assert_eq!(v["tool"], "llama-bench");
+        assert_eq!(v["version"], "0.3.36");
+    }
+
+    #[test]
+    fn llama_bench_json_without_decode_figures_is_an_error() {
+        let only_pp: Value = serde_json::from_str(LLAMA_BENCH_JSON).unwrap();
+        let only_pp = json!([only_pp[0].clone()]);
+        let e = parse_llama_bench(&only_pp, "0.3.36").unwrap_err().to_string();
+        assert_eq!(e, "llama-bench's JSON has no decode (tg) figures");
+        let e = parse_llama_bench(&json!({"error": 1}), "0.3.36").unwrap_err().to_string();
+        assert_eq!(e, "llama-bench's JSON is not a list of tests");
+    }
 }
