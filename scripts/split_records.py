@@ -10,6 +10,7 @@ Writes OUT_PREFIX-00.jsonl … OUT_PREFIX-(N-1).jsonl and prints their record co
 """
 
 import argparse
+import os
 import random
 
 
@@ -27,6 +28,7 @@ def main() -> None:
         with open(path, encoding="utf-8") as f:
             lines.extend(line for line in f if line.strip())
     random.Random(a.seed).shuffle(lines)
+    os.makedirs(os.path.dirname(a.out_prefix) or ".", exist_ok=True)
     for c in range(a.chunks):
         part = lines[c :: a.chunks]
         path = f"{a.out_prefix}-{c:02d}.jsonl"

@@ -52,7 +52,7 @@ fn tokenize_json_matches_reference() {
     }
 }
 
-fn check_generate(model: &std::path::Path, rec: &Value, prompt: &str, chat: bool) {
+fn check_generate(model: &std::path::Path, rec: &Value, prompt: &str, chat: bool) -> Value {
     let want = ids(&rec["greedy_ids"]);
     let n = want.len().to_string();
     let mut args = vec!["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n, "-t", "2", "--json"];
@@ -71,6 +71,7 @@ fn check_generate(model: &std::path::Path, rec: &Value, prompt: &str, chat: bool
         assert!(got["timings"][key].as_f64().unwrap() > 0.0, "{key}");
     }
     assert!(got["text"].is_string());
+    got
 }
 
 #[test]
@@ -102,7 +103,10 @@ fn qwen_coder_by_name_generates_the_reference_chat_answer() {
     let rec: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(qwen_reference_dir().join("meta.json")).unwrap()).unwrap();
-    check_generate(std::path::Path::new("qwen-coder"), &rec, meta["chat_prompts"][0].as_str().unwrap(), true);
+    let got = check_generate(std::path::Path::new("qwen-coder"), &rec, meta["chat_prompts"][0].as_str().unwrap(), true);
+    // Greedy without --mode runs eagle with the shipped head: the reference ids above are then eagle's.
+    assert_eq!(got["mode"], "eagle", "{got}");
+    assert!(got["speculative"]["acceptance_length"].as_f64().unwrap() > 1.0, "{got}");
 }
 
 fn perplexity(model: &std::path::Path) -> f64 {

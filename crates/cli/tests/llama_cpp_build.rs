@@ -30,17 +30,29 @@ fn sandbox(name: &str, fakes: &[&str]) -> (PathBuf, PathBuf) {
     (root, bin)
 }
 
-fn run(name: &str, fakes: &[&str], archive: Option<&str>) -> (i32, String, PathBuf) {
-    let (root, bin) = sandbox(name, fakes);
+/// Whether the script left a source tree (finished or half-unpacked) under `work`.
+fn unpacked(work: &Path) -> bool {
+    work.join("llama.cpp-0.3.36").exists() || work.join("llama.cpp-0.3.36.tmp").exists()
+}
+
+/// Runs the script with only `bin` on PATH; returns its exit code, stderr and whether it unpacked anything.
+fn run_in(root: &Path, bin: &Path, archive: Option<&Path>) -> (i32, String, bool) {
     let work = root.join("vendor");
     let mut cmd = Command::new(bin.join("bash"));
-    cmd.arg(script()).env_clear().env("PATH", &bin).env("LLAMA_CPP_DIR", &work);
+    cmd.arg(script()).env_clear().env("PATH", bin).env("LLAMA_CPP_DIR", &work);
     if let Some(a) = archive {
         cmd.env("LLAMA_CPP_ARCHIVE", a);
     }
     let out = cmd.output().unwrap();
-    assert!(out.stdout.is_empty(), "{name}: printed tool paths although it built nothing");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned(), work)
+    assert!(out.stdout.is_empty(), "printed tool paths although it built nothing");
+    let result = (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned(), unpacked(&work));
+    let _ = std::fs::remove_dir_all(root);
+    result
+}
+
+fn run(name: &str, fakes: &[&str], archive: Option<&str>) -> (i32, String, bool) {
+    let (root, bin) = sandbox(name, fakes);
+    run_in(&root, &bin, archive.map(Path::new))
 }
 
 #[test]
@@ -63,38 +75,28 @@ fn refuses_without_cmake() {
 
 #[test]
 fn refuses_without_the_source_archive() {
-    let (code, err, work) = run("no-archive", &["g++", "cmake"], Some("/nonexistent/llama_cpp_python.tar.gz"));
+    let (code, err, unpacked) = run("no-archive", &["g++", "cmake"], Some("/nonexistent/llama_cpp_python.tar.gz"));
     assert_eq!(code, 2, "{err}");
     assert!(
         err.trim().starts_with("build_llama_cpp: source archive /nonexistent/llama_cpp_python.tar.gz does not exist"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(!work.join("llama.cpp-0.3.36").exists(), "unpacked something without an archive");
+    assert!(!unpacked, "unpacked something without an archive");
 }
 
 #[test]
 fn refuses_an_archive_that_is_not_llama_cpp_python() {
-    let (root, _) = sandbox("bad-archive-files", &[]);
-    let bogus = root.join("bogus.tar.gz");
-    std::fs::write(&bogus, b"not a tar file").unwrap();
-    let fakes = ["g++", "cmake"];
-    let (root2, bin) = sandbox("bad-archive", &fakes);
-    // tar and gzip are needed to look inside the archive.
+    let (root, bin) = sandbox("bad-archive", &["g++", "cmake"]);
+    // tar and gzip look inside the archive; rm and mv tidy up.
     for real in ["tar", "gzip", "rm", "mv"] {
         let found = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(real)).find(|p| p.exists()).unwrap();
         std::os::unix::fs::symlink(found, bin.join(real)).unwrap();
     }
-    let out = Command::new(bin.join("bash"))
-        .arg(script())
-        .env_clear()
-        .env("PATH", &bin)
-        .env("LLAMA_CPP_DIR", root2.join("vendor"))
-        .env("LLAMA_CPP_ARCHIVE", &bogus)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let bogus = root.join("bogus.tar.gz");
+    std::fs::write(&bogus, b"not a tar file").unwrap();
+    let (code, err, unpacked) = run_in(&root, &bin, Some(&bogus));
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("not a llama-cpp-python 0.3.36 source archive?"), "{err}");
-    assert!(!root2.join("vendor/llama.cpp-0.3.36").exists(), "left a half-unpacked source tree");
+    assert!(!unpacked, "left a half-unpacked source tree");
 }
