@@ -9,14 +9,14 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/build_llama_cpp.sh")
 }
 
-/// A fresh folder to use as the whole PATH: links to the few real programs the script needs before its checks,
-/// plus fake `g++`/`cmake` when asked.
-fn sandbox(name: &str, fakes: &[&str]) -> (PathBuf, PathBuf) {
+/// A fresh folder to use as the whole PATH: links to the few real programs the script needs before its checks
+/// (and to `more_real` ones), plus fake `g++`/`cmake` when asked.
+fn sandbox(name: &str, fakes: &[&str], more_real: &[&str]) -> (PathBuf, PathBuf) {
     let root = std::env::temp_dir().join(format!("specee-llama-build-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let bin = root.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    for real in ["bash", "dirname", "mkdir", "tr", "grep"] {
+    for real in ["bash", "dirname", "mkdir", "tr", "grep"].iter().chain(more_real) {
         let found = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(real)).find(|p| p.exists());
         let found = found.unwrap_or_else(|| panic!("{real} not found in /usr/bin or /bin"));
         std::os::unix::fs::symlink(found, bin.join(real)).unwrap();
@@ -51,7 +51,7 @@ fn run_in(root: &Path, bin: &Path, archive: Option<&Path>) -> (i32, String, bool
 }
 
 fn run(name: &str, fakes: &[&str], archive: Option<&str>) -> (i32, String, bool) {
-    let (root, bin) = sandbox(name, fakes);
+    let (root, bin) = sandbox(name, fakes, &[]);
     run_in(&root, &bin, archive.map(Path::new))
 }
 
@@ -87,12 +87,8 @@ fn refuses_without_the_source_archive() {
 
 #[test]
 fn refuses_an_archive_that_is_not_llama_cpp_python() {
-    let (root, bin) = sandbox("bad-archive", &["g++", "cmake"]);
     // tar and gzip look inside the archive; rm and mv tidy up.
-    for real in ["tar", "gzip", "rm", "mv"] {
-        let found = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(real)).find(|p| p.exists()).unwrap();
-        std::os::unix::fs::symlink(found, bin.join(real)).unwrap();
-    }
+    let (root, bin) = sandbox("bad-archive", &["g++", "cmake"], &["tar", "gzip", "rm", "mv"]);
     let bogus = root.join("bogus.tar.gz");
     std::fs::write(&bogus, b"not a tar file").unwrap();
     let (code, err, unpacked) = run_in(&root, &bin, Some(&bogus));

@@ -57,26 +57,53 @@ fn stats(v: &[f64]) -> Value {
     json!({ "median": median(v), "min": min, "max": max })
 }
 
+/// llama.cpp's figures, one per repetition (no prompt figures for a decode-only measurement).
+struct LlamaCpp {
+    prompt: Vec<f64>,
+    decode: Vec<f64>,
+    version: String,
+    /// `llama-bench` or `llama-cpp-python`.
+    tool: &'static str,
+}
+
+impl LlamaCpp {
+    /// The `llama_cpp` object of `--json`: medians, min–max, version and tool (prompt figures when measured).
+    fn summary(&self) -> Value {
+        let mut v = json!({ "decode_tokens_per_s": median(&self.decode), "decode": stats(&self.decode),
+            "version": self.version, "tool": self.tool });
+        if !self.prompt.is_empty() {
+            v["prompt_tokens_per_s"] = json!(median(&self.prompt));
+            v["prompt"] = stats(&self.prompt);
+        }
+        v
+    }
+}
+
+/// Per-repetition figures under `key` of a JSON object (`[x, …]`).
+fn figures(v: &Value, key: &str) -> Vec<f64> {
+    v[key].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
+}
+
 /// llama.cpp's speed on the same model and threads: `llama-bench` (llama.cpp's own C++ tool, built once by
 /// `scripts/build_llama_cpp.sh`), or with `--llama-cpp-binding` the `llama-cpp-python` package on the same token
-/// ids. Returns `{"prompt_tokens_per_s": [...], "decode_tokens_per_s": [...], "version", "tool"}`, one figure per
-/// repetition (no prompt figures when `prompt` is empty).
-fn llama_cpp(a: &Args, path: &str, threads: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<Value> {
+/// ids. An empty `prompt` measures decoding only.
+fn llama_cpp(a: &Args, path: &str, threads: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<LlamaCpp> {
     let reps = a.reps.max(1);
-    if a.llama_cpp_binding {
-        let mut v =
-            llama_cpp_binding(path, threads, reps, if prompt.is_empty() { &decode[..1] } else { prompt }, decode)?;
-        if prompt.is_empty() {
-            v["prompt_tokens_per_s"] = json!([]);
-        }
-        v["tool"] = json!("llama-cpp-python");
-        return Ok(v);
+    if !a.llama_cpp_binding {
+        return llama_bench(path, threads, reps, prompt.len(), decode.len().saturating_sub(1).max(1));
     }
-    llama_bench(path, threads, reps, prompt.len(), decode.len().saturating_sub(1).max(1))
+    // The binding's script always times a prompt too: one token when only decoding is wanted, its figure dropped.
+    let v = llama_cpp_binding(path, threads, reps, if prompt.is_empty() { &decode[..1] } else { prompt }, decode)?;
+    Ok(LlamaCpp {
+        prompt: if prompt.is_empty() { Vec::new() } else { figures(&v, "prompt_tokens_per_s") },
+        decode: figures(&v, "decode_tokens_per_s"),
+        version: v["version"].as_str().unwrap_or("?").to_string(),
+        tool: "llama-cpp-python",
+    })
 }
 
 /// Runs `llama-bench -p P -n N -r R -t T -o json` (P = 0: decode only) and keeps its per-repetition figures.
-fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: usize) -> anyhow::Result<Value> {
+fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: usize) -> anyhow::Result<LlamaCpp> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build_llama_cpp.sh");
     let built = Command::new("bash")
         .arg(script)
@@ -92,7 +119,7 @@ fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: 
     let paths = String::from_utf8_lossy(&built.stdout).into_owned();
     let get = |k: &str| paths.lines().find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')));
     let bench = get("LLAMA_BENCH").ok_or_else(|| anyhow::anyhow!("{script} printed no LLAMA_BENCH path"))?;
-    let version = get("LLAMA_CPP_VERSION").unwrap_or("?").to_string();
+    let version = get("LLAMA_CPP_VERSION").unwrap_or("?");
     let out = Command::new(bench)
         .args(["-m", path, "-t", &threads.to_string(), "-r", &reps.to_string(), "-o", "json"])
         .args(["-p", &n_prompt.to_string(), "-n", &n_gen.to_string()])
@@ -104,37 +131,22 @@ fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: 
     }
     let tests: Value =
         serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("llama-bench printed no JSON ({e})"))?;
-    parse_llama_bench(&tests, &version)
+    parse_llama_bench(&tests, version)
 }
 
 /// llama-bench's JSON (one object per test: `n_prompt`, `n_gen`, `samples_ts`) as our per-repetition figures.
-fn parse_llama_bench(tests: &Value, version: &str) -> anyhow::Result<Value> {
+fn parse_llama_bench(tests: &Value, version: &str) -> anyhow::Result<LlamaCpp> {
     let tests = tests.as_array().ok_or_else(|| anyhow::anyhow!("llama-bench's JSON is not a list of tests"))?;
-    let samples = |want_prompt: bool| -> Vec<f64> {
-        tests
-            .iter()
-            .filter(|t| {
-                let (np, ng) = (t["n_prompt"].as_u64().unwrap_or(0), t["n_gen"].as_u64().unwrap_or(0));
-                if want_prompt {
-                    np > 0 && ng == 0
-                } else {
-                    np == 0 && ng > 0
-                }
-            })
-            .flat_map(|t| t["samples_ts"].as_array().cloned().unwrap_or_default())
-            .filter_map(|x| x.as_f64())
-            .collect()
+    // Prompt tests have n_gen 0, decode tests n_prompt 0.
+    let samples = |prompt_test: bool| -> Vec<f64> {
+        let key = if prompt_test { "n_gen" } else { "n_prompt" };
+        tests.iter().filter(|t| t[key].as_u64() == Some(0)).flat_map(|t| figures(t, "samples_ts")).collect()
     };
     let decode = samples(false);
     if decode.is_empty() {
         anyhow::bail!("llama-bench's JSON has no decode (tg) figures");
     }
-    Ok(json!({
-        "prompt_tokens_per_s": samples(true),
-        "decode_tokens_per_s": decode,
-        "version": version,
-        "tool": "llama-bench",
-    }))
+    Ok(LlamaCpp { prompt: samples(true), decode, version: version.to_string(), tool: "llama-bench" })
 }
 
 fn llama_cpp_binding(path: &str, threads: usize, reps: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<Value> {
@@ -204,12 +216,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let prompt = bench_tokens(&eng, a.prompt.max(1));
         let decode = bench_tokens(&eng, a.gen.max(1) + 1);
         let l = llama_cpp(&a, &path.display().to_string(), threads, &prompt, &decode)?;
-        let as_vec = |k: &str| {
-            l[k].as_array().map(|v| v.iter().filter_map(|x| x.as_f64()).collect::<Vec<_>>()).unwrap_or_default()
-        };
-        let (lpp, ltg) = (as_vec("prompt_tokens_per_s"), as_vec("decode_tokens_per_s"));
-        out["llama_cpp"] = json!({ "prompt_tokens_per_s": median(&lpp), "decode_tokens_per_s": median(&ltg), "prompt": stats(&lpp), "decode": stats(&ltg), "version": l["version"], "tool": l["tool"] });
-        out["ratio"] = json!({ "prompt": median(&pp) / median(&lpp), "decode": median(&tg) / median(&ltg) });
+        out["llama_cpp"] = l.summary();
+        out["ratio"] = json!({ "prompt": median(&pp) / median(&l.prompt), "decode": median(&tg) / median(&l.decode) });
     }
     if a.json {
         println!("{out}");
@@ -361,14 +369,8 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     if a.llama_cpp {
         let decode = bench_tokens(&eng, a.gen.max(1) + 1);
         let l = llama_cpp(&a, &path.display().to_string(), threads, &[], &decode)?;
-        let ltg: Vec<f64> = l["decode_tokens_per_s"]
-            .as_array()
-            .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
-            .unwrap_or_default();
-        let lt = median(&ltg);
-        out["llama_cpp"] =
-            json!({ "decode_tokens_per_s": lt, "decode": stats(&ltg), "version": l["version"], "tool": l["tool"] });
-        out["ratio_vs_llama_cpp"] = json!(out["decode_tokens_per_s"].as_f64().unwrap_or(0.0) / lt);
+        out["llama_cpp"] = l.summary();
+        out["ratio_vs_llama_cpp"] = json!(out["decode_tokens_per_s"].as_f64().unwrap_or(0.0) / median(&l.decode));
     }
     if a.json {
         println!("{out}");
@@ -435,19 +437,19 @@ mod tests {
     #[test]
     fn llama_bench_json_becomes_per_repetition_figures() {
         let v = parse_llama_bench(&serde_json::from_str(LLAMA_BENCH_JSON).unwrap(), "0.3.36").unwrap();
-        assert_eq!(v["prompt_tokens_per_s"], json!([200.0, 203.0]));
-        assert_eq!(v["decode_tokens_per_s"], json!([40.0, 41.0]));
-        assert_eq!(v["tool"], "llama-bench");
-        assert_eq!(v["version"], "0.3.36");
+        assert_eq!(v.prompt, [200.0, 203.0]);
+        assert_eq!(v.decode, [40.0, 41.0]);
+        assert_eq!(v.tool, "llama-bench");
+        assert_eq!(v.version, "0.3.36");
     }
 
     #[test]
     fn llama_bench_json_without_decode_figures_is_an_error() {
         let only_pp: Value = serde_json::from_str(LLAMA_BENCH_JSON).unwrap();
         let only_pp = json!([only_pp[0].clone()]);
-        let e = parse_llama_bench(&only_pp, "0.3.36").unwrap_err().to_string();
+        let e = parse_llama_bench(&only_pp, "0.3.36").err().unwrap().to_string();
         assert_eq!(e, "llama-bench's JSON has no decode (tg) figures");
-        let e = parse_llama_bench(&json!({"error": 1}), "0.3.36").unwrap_err().to_string();
+        let e = parse_llama_bench(&json!({"error": 1}), "0.3.36").err().unwrap().to_string();
         assert_eq!(e, "llama-bench's JSON is not a list of tests");
     }
 }
