@@ -82,6 +82,9 @@ pub struct TrainOptions {
     pub fuse_layers: Vec<usize>,
     /// What the token loss compares the draft with (MLP heads).
     pub labels: Labels,
+    /// A head to start from (fine-tuning on new data) instead of a fresh one: its draft vocabulary is kept, and
+    /// its width and fused layers must match. A checkpoint at `checkpoint` still takes precedence (resuming).
+    pub init: Option<PathBuf>,
 }
 
 /// The token loss's target for an MLP head.
@@ -385,6 +388,14 @@ pub(crate) fn resumed_epoch(
     Ok(epoch)
 }
 
+/// The draft vocabulary of the head file at `path` (its `d2t`), which a head started from it keeps.
+fn init_vocabulary(path: &Path) -> Result<Vec<u32>, TrainError> {
+    let bytes = std::fs::read(path).map_err(|e| TrainError::Io(path.display().to_string(), e))?;
+    let head = decode::speculative::DraftHead::from_bytes(&bytes)
+        .map_err(|e| TrainError::Format(format!("{}: {e}", path.display())))?;
+    Ok(head.d2t)
+}
+
 /// The line before training: what is trained on, and the untrained head's held-out figures.
 pub(crate) fn report_start(what: &str, before: &Acceptance, loss: f64) {
     eprintln!(
@@ -551,7 +562,10 @@ pub fn train_draft(
         ("fuse_layers".to_string(), layers.join(","))
     });
     let start = Instant::now();
-    let vocab = draft_vocabulary(train, opts.vocab);
+    let vocab = match &opts.init {
+        Some(init) => init_vocabulary(init)?,
+        None => draft_vocabulary(train, opts.vocab),
+    };
     let t2d: HashMap<u32, u32> = vocab.iter().enumerate().map(|(j, &t)| (t, j as u32)).collect();
     let shape = HeadShape { d, ff: opts.ff, vocab: vocab.len(), aux: opts.fuse_layers.len() };
     let mut head_rows = vec![0f32; vocab.len() * d];
@@ -562,6 +576,17 @@ pub fn train_draft(
     let mut first_epoch = 0;
     if opts.checkpoint.exists() {
         first_epoch = resumed_epoch(&opts.checkpoint, net.load_into(&opts.checkpoint)?, &vocab)?;
+    } else if let Some(init) = &opts.init {
+        let (meta, _) = net.load_into(init)?;
+        if meta.get("fuse_layers") != fuse_meta.as_ref().map(|(_, v)| v) {
+            return Err(TrainError::Invalid(format!(
+                "{} fuses layers {:?}, --fuse-layers asks for {:?}",
+                init.display(),
+                meta.get("fuse_layers").map(String::as_str).unwrap_or(""),
+                fuse_meta.as_ref().map(|(_, v)| v.as_str()).unwrap_or("")
+            )));
+        }
+        eprintln!("starting from {} (its draft vocabulary of {} tokens)", init.display(), vocab.len());
     }
     let table = EmbTable::new(model, &[train, heldout])?;
     let positions = sample_positions(train, opts.steps);
@@ -692,7 +717,39 @@ pub(crate) mod tests {
             progress: false,
             fuse_layers: fuse.to_vec(),
             labels,
+            init: None,
         }
+    }
+
+    /// A head started from another keeps its draft vocabulary (even where the new data's most frequent tokens
+    /// differ) and starts from what it had learnt; one of another width is refused.
+    #[test]
+    fn a_head_started_from_another_keeps_its_vocabulary_and_what_it_learnt() {
+        let model = model::testing::tiny_model("llama", None, 3, 64);
+        let (train, heldout) = (synthetic(&model, 40, 24, 1), synthetic(&model, 8, 24, 2));
+        let dir = std::env::temp_dir().join(format!("specee-train-init-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = dir.join("first.safetensors");
+        let opts = TrainOptions { vocab: 32, ..tiny_options(dir.join("first.ckpt.safetensors"), &[], Labels::Data) };
+        let trained = train_draft(&model, &train, &heldout, &first, &opts, HashMap::new()).unwrap().heldout.top1;
+        // New data of other tokens: its own vocabulary would differ from the first head's.
+        let other = synthetic(&model, 40, 24, 11);
+        assert_ne!(draft_vocabulary(&other, 32), draft_vocabulary(&train, 32));
+        let second = dir.join("second.safetensors");
+        let tuned = TrainOptions {
+            epochs: 1,
+            lr: 1e-5,
+            init: Some(first.clone()),
+            ..TrainOptions { checkpoint: dir.join("second.ckpt.safetensors"), ..opts.clone() }
+        };
+        let report = train_draft(&model, &other, &heldout, &second, &tuned, HashMap::new()).unwrap();
+        assert_eq!(DraftHead::load(&second).unwrap().d2t, DraftHead::load(&first).unwrap().d2t);
+        // At a tiny learning rate the head stays what it was: a fresh one would be near 0.
+        assert!(report.heldout.top1 > trained - 0.05, "{} after, {trained} before", report.heldout.top1);
+        let wider = TrainOptions { ff: 32, ..tuned.clone() };
+        std::fs::remove_file(dir.join("second.ckpt.safetensors")).unwrap();
+        assert!(train_draft(&model, &other, &heldout, &second, &wider, HashMap::new()).is_err());
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// Sequences of `len` tokens over a 64-token vocabulary whose features say what the target would write next:

@@ -102,24 +102,46 @@ fn llama_cpp(a: &Args, path: &str, threads: usize, prompt: &[u32], decode: &[u32
     })
 }
 
+/// The paths `scripts/build_llama_cpp.sh` prints (`KEY=PATH` lines), building llama.cpp's tools first if needed.
+struct LlamaCppTools {
+    lines: String,
+}
+
+impl LlamaCppTools {
+    const SCRIPT: &'static str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build_llama_cpp.sh");
+
+    fn build() -> anyhow::Result<Self> {
+        let built = Command::new("bash")
+            .arg(Self::SCRIPT)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| anyhow::anyhow!("cannot run bash for {}: {e}", Self::SCRIPT))?;
+        if !built.status.success() {
+            anyhow::bail!(
+                "llama.cpp's tools are not built (scripts/build_llama_cpp.sh failed, see above); \
+                 --llama-cpp-binding measures the llama-cpp-python package instead"
+            );
+        }
+        Ok(Self { lines: String::from_utf8_lossy(&built.stdout).into_owned() })
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.lines.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    }
+
+    fn path(&self, key: &str) -> anyhow::Result<&str> {
+        self.get(key).ok_or_else(|| anyhow::anyhow!("{} printed no {key} path", Self::SCRIPT))
+    }
+
+    fn version(&self) -> &str {
+        self.get("LLAMA_CPP_VERSION").unwrap_or("?")
+    }
+}
+
 /// Runs `llama-bench -p P -n N -r R -t T -o json` (P = 0: decode only) and keeps its per-repetition figures.
 fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: usize) -> anyhow::Result<LlamaCpp> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build_llama_cpp.sh");
-    let built = Command::new("bash")
-        .arg(script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| anyhow::anyhow!("cannot run bash for {script}: {e}"))?;
-    if !built.status.success() {
-        anyhow::bail!(
-            "llama.cpp's tools are not built (scripts/build_llama_cpp.sh failed, see above); \
-             --llama-cpp-binding measures the llama-cpp-python package instead"
-        );
-    }
-    let paths = String::from_utf8_lossy(&built.stdout).into_owned();
-    let get = |k: &str| paths.lines().find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')));
-    let bench = get("LLAMA_BENCH").ok_or_else(|| anyhow::anyhow!("{script} printed no LLAMA_BENCH path"))?;
-    let version = get("LLAMA_CPP_VERSION").unwrap_or("?");
+    let tools = LlamaCppTools::build()?;
+    let bench = tools.path("LLAMA_BENCH")?;
     let out = Command::new(bench)
         .args(["-m", path, "-t", &threads.to_string(), "-r", &reps.to_string(), "-o", "json"])
         .args(["-p", &n_prompt.to_string(), "-n", &n_gen.to_string()])
@@ -131,7 +153,62 @@ fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: 
     }
     let tests: Value =
         serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("llama-bench printed no JSON ({e})"))?;
-    parse_llama_bench(&tests, version)
+    parse_llama_bench(&tests, tools.version())
+}
+
+/// llama.cpp's decode speed on the same prompts (our token ids, chat prompts already rendered) from its own
+/// `llama-server` (`scripts/llama_server_bench.py`: greedy, `n_gen` tokens each, the server's own timings of the
+/// generated tokens), and the ids it wrote per prompt.
+fn llama_server(
+    path: &str,
+    threads: usize,
+    prompts: &[Vec<u32>],
+    n_gen: usize,
+    ctx: usize,
+) -> anyhow::Result<(LlamaCpp, Vec<Vec<u32>>)> {
+    use std::io::Write;
+    let tools = LlamaCppTools::build()?;
+    let server = tools.path("LLAMA_SERVER")?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/llama_server_bench.py");
+    let mut child = Command::new("python3")
+        .args([script, "--server", server, "--model", path, "--threads", &threads.to_string()])
+        .args(["--n", &n_gen.to_string(), "--ctx", &ctx.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run python3 for {script}: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    for ids in prompts {
+        writeln!(stdin, "{}", ids.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","))?;
+    }
+    drop(stdin);
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::bail!("llama-server's side failed: {}", err.lines().last().unwrap_or("no output"));
+    }
+    let v: Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("{script} printed no JSON ({e})"))?;
+    parse_llama_server(&v, tools.version(), prompts.len())
+}
+
+/// `scripts/llama_server_bench.py`'s JSON as one figure (all tokens over all decode time) and the ids per prompt.
+fn parse_llama_server(v: &Value, version: &str, n_prompts: usize) -> anyhow::Result<(LlamaCpp, Vec<Vec<u32>>)> {
+    let rows = v["per_prompt"].as_array().filter(|r| r.len() == n_prompts).ok_or_else(|| {
+        anyhow::anyhow!("llama-server's side answered for another number of prompts than the {n_prompts} sent")
+    })?;
+    let (mut tokens, mut ms) = (0f64, 0f64);
+    let mut ids = Vec::new();
+    for r in rows {
+        tokens += r["tokens"].as_f64().unwrap_or(0.0);
+        ms += r["decode_ms"].as_f64().unwrap_or(0.0);
+        let row = r["ids"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect());
+        ids.push(row.unwrap_or_default());
+    }
+    anyhow::ensure!(tokens > 0.0 && ms > 0.0, "llama-server reported no decode timings");
+    let decode = vec![tokens * 1000.0 / ms];
+    Ok((LlamaCpp { prompt: Vec::new(), decode, version: version.to_string(), tool: "llama-server" }, ids))
 }
 
 /// llama-bench's JSON (one object per test: `n_prompt`, `n_gen`, `samples_ts`) as our per-repetition figures.
@@ -288,6 +365,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let (mut prefix_sum, mut exact) = (0usize, 0usize);
     let lossless = mode.is_lossless();
     let mut per_prompt = Vec::new();
+    let mut dense_ids = Vec::new();
     for (i, ids) in prompts.iter().enumerate() {
         let dense = eng.generate(ids, &params, ctx, threads, |_| true)?;
         let runner = a.mode.runner(&eng, &path)?;
@@ -334,6 +412,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
             );
         }
         per_prompt.push(row);
+        dense_ids.push(dense.generated_ids);
     }
     let decode_share = (total.draft_time + total.verify_time).as_secs_f64().max(1e-9);
     let mut out = json!({
@@ -367,10 +446,24 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         out["verify_failures_per_token"] = json!(exits.verify_failures_per_token);
     }
     if a.llama_cpp {
-        let decode = bench_tokens(&eng, a.gen.max(1) + 1);
-        let l = llama_cpp(&a, &path.display().to_string(), threads, &[], &decode)?;
-        out["llama_cpp"] = l.summary();
-        out["ratio_vs_llama_cpp"] = json!(out["decode_tokens_per_s"].as_f64().unwrap_or(0.0) / median(&l.decode));
+        let model = path.display().to_string();
+        let l = if a.llama_cpp_binding {
+            llama_cpp(&a, &model, threads, &[], &bench_tokens(&eng, a.gen.max(1) + 1))?.summary()
+        } else {
+            let (l, ids) = llama_server(&model, threads, &prompts, a.gen, ctx)?;
+            // Its greedy answers, against our dense ones (the same up to near-ties and EOS handling).
+            let same = ids.iter().zip(&dense_ids).filter(|(l, d)| same_answer(l, d)).count();
+            let common: usize =
+                ids.iter().zip(&dense_ids).map(|(l, d)| l.iter().zip(d).take_while(|(x, y)| x == y).count()).sum();
+            let mut v = l.summary();
+            v["same_as_dense"] = json!(same);
+            v["mean_prefix_as_dense"] = json!(common as f64 / prompts.len().max(1) as f64);
+            v
+        };
+        out["ratio_vs_llama_cpp"] = json!(
+            out["decode_tokens_per_s"].as_f64().unwrap_or(0.0) / l["decode_tokens_per_s"].as_f64().unwrap_or(1.0)
+        );
+        out["llama_cpp"] = l;
     }
     if a.json {
         println!("{out}");
@@ -405,10 +498,17 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
             );
         }
         if let Some(l) = out.get("llama_cpp") {
+            let what = match l["same_as_dense"].as_u64() {
+                Some(same) => format!(
+                    "the same {} prompts; its greedy answers are our dense ones on {same}, for {:.1} tokens on average",
+                    prompts.len(),
+                    l["mean_prefix_as_dense"].as_f64().unwrap_or(0.0)
+                ),
+                None => format!("tg{}", a.gen),
+            };
             println!(
-                "\nllama.cpp {} decode (tg{}, {}): {:.1} tok/s; {} / llama.cpp: {:.2}×",
+                "\nllama.cpp {} decode ({}, {what}): {:.1} tok/s; {} / llama.cpp: {:.2}×",
                 l["version"].as_str().unwrap_or("?"),
-                a.gen,
                 l["tool"].as_str().unwrap_or("?"),
                 l["decode_tokens_per_s"].as_f64().unwrap_or(0.0),
                 out["mode"].as_str().unwrap_or(""),
@@ -420,6 +520,13 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("the {} output differs from dense greedy on some prompt", mode);
     }
     Ok(())
+}
+
+/// Whether llama.cpp's greedy answer `theirs` is ours: the same ids, where one may stop at an end-of-generation
+/// token the other keeps (llama-server returns it, our generate does not).
+fn same_answer(theirs: &[u32], ours: &[u32]) -> bool {
+    let n = theirs.len().min(ours.len());
+    theirs[..n] == ours[..n] && theirs.len().abs_diff(ours.len()) <= 1
 }
 
 #[cfg(test)]
@@ -441,6 +548,23 @@ mod tests {
         assert_eq!(v.decode, [40.0, 41.0]);
         assert_eq!(v.tool, "llama-bench");
         assert_eq!(v.version, "0.3.36");
+    }
+
+    #[test]
+    fn llama_server_answers_become_one_figure_over_all_prompts() {
+        let v = json!({"per_prompt": [{"tokens": 100, "decode_ms": 2000.0, "ids": [5, 6, 2]},
+                                      {"tokens": 50, "decode_ms": 1000.0, "ids": [7]}]});
+        let (l, ids) = parse_llama_server(&v, "0.3.36", 2).unwrap();
+        assert_eq!(l.decode, [50.0]);
+        assert_eq!((l.tool, ids), ("llama-server", vec![vec![5, 6, 2], vec![7]]));
+        assert!(parse_llama_server(&v, "0.3.36", 3).is_err());
+        let silent = json!({"per_prompt": [{"tokens": 0, "decode_ms": 0.0, "ids": []}]});
+        assert_eq!(
+            parse_llama_server(&silent, "0.3.36", 1).err().unwrap().to_string(),
+            "llama-server reported no decode timings"
+        );
+        assert!(same_answer(&[5, 6, 2], &[5, 6]) && same_answer(&[5, 6], &[5, 6]));
+        assert!(!same_answer(&[5, 7], &[5, 6]) && !same_answer(&[5], &[5, 6, 7]));
     }
 
     #[test]

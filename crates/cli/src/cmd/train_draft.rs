@@ -78,6 +78,11 @@ pub struct Args {
     /// classification loss).
     #[arg(long, default_value = "data", value_parser = ["data", "teacher"])]
     pub labels: String,
+    /// Start from this head (an `mlp` head file) instead of a fresh one: fine-tuning on new data. Its draft
+    /// vocabulary is kept (--vocab is ignored) and its --ff and --fuse-layers must be given as it was trained;
+    /// its SHA-256 is recorded in the manifest with the data's.
+    #[arg(long)]
+    pub init: Option<PathBuf>,
     /// Attention heads of an `eagle3` head (default: the model's).
     #[arg(long)]
     pub heads: Option<usize>,
@@ -193,9 +198,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.data[i].file_stem().unwrap_or_default()
         );
     }
+    let eagle3 = a.design == "eagle3";
+    if let Some(init) = &a.init {
+        anyhow::ensure!(!eagle3, "--init starts an `mlp` head from another; it does not apply to --design eagle3");
+        anyhow::ensure!(init.is_file(), "--init {}: no such head file", init.display());
+    }
     let (engine, model_path) = a.model.load_with_path()?;
     let opts = a.collect.options(a.model.threads());
-    let eagle3 = a.design == "eagle3";
     let n_layers = engine.model.config.n_layers;
     let fuse_layers =
         if eagle3 && a.fuse_layers.is_empty() { vec![2, n_layers / 2, n_layers] } else { a.fuse_layers.clone() };
@@ -216,7 +225,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eprintln!("--epochs 0: data collected ({} training tokens), no head trained", train_data.tokens.len());
         return Ok(());
     }
-    let data_files: Vec<&Path> = a.data.iter().chain([&a.heldout]).map(PathBuf::as_path).collect();
+    let data_files: Vec<&Path> = a.data.iter().chain([&a.heldout]).chain(&a.init).map(PathBuf::as_path).collect();
     let mut metadata: HashMap<String, String> = manifest(&engine, &model_path, &data_files)?.into_iter().collect();
     metadata.extend([
         ("train_data".to_string(), a.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
@@ -256,6 +265,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             progress: true,
             fuse_layers: fuse_layers.clone(),
             labels: if a.labels == "teacher" { train::Labels::Teacher } else { train::Labels::Data },
+            init: a.init.clone(),
         };
         train::train_draft(&engine.model, &train_data, &heldout, &a.out, &topts, metadata)?
     };
