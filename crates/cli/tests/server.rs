@@ -455,3 +455,45 @@ fn sigterm_drains_in_flight_requests() {
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "still accepting connections after SIGTERM");
 }
+
+/// `serve --reasoning PROFILE` reports `usage.completion_tokens_details.reasoning_tokens` as `generate --reasoning
+/// PROFILE` counts them on the same question (the server renders the same messages); without the flag SmolLM2 (no
+/// think section) reports no details. The profile (a file: profiles are data) ends the reasoning at SmolLM2's
+/// second numbered step, so that the count is neither 0 nor every token.
+#[test]
+fn reasoning_tokens_are_counted_as_generate_counts_them() {
+    let question = "Tom has 3 apples and buys 4 more. How many apples does he have?";
+    let profile = std::env::temp_dir().join(format!("specee-steps-profile-{}.json", std::process::id()));
+    let suffix = "\nThink step by step.";
+    std::fs::write(
+        &profile,
+        json!({"name": "steps", "system": null, "user_suffix": suffix, "end": "\n2.", "exit_text": "\n2.",
+               "answer": "boxed", "boundary": "\n"})
+        .to_string(),
+    )
+    .unwrap();
+    let p = profile.to_str().unwrap();
+    let o = specee(
+        &["generate", "-m", smollm2().to_str().unwrap(), "--reasoning", p, "-p", question, "-n", "48", "--json"],
+        Duration::from_secs(300),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let gen: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let (reasoning, n) =
+        (gen["reasoning"]["reasoning_tokens"].as_u64().unwrap(), gen["generated_ids"].as_array().unwrap().len());
+    assert!(reasoning > 0 && (reasoning as usize) < n, "{gen}");
+    let body = json!({"model": "x", "messages": [{"role": "user", "content": format!("{question}{suffix}")}],
+                      "max_tokens": 48, "temperature": 0});
+    let server = Server::start(&["--reasoning", p]);
+    let r = server.post_json("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let usage = &r.json()["usage"];
+    assert_eq!(usage["completion_tokens"], json!(n), "{usage}");
+    assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], json!(reasoning), "{usage}");
+    drop(server);
+    let plain = Server::start(&[]);
+    let r = plain.post_json("/v1/chat/completions", &body);
+    std::fs::remove_file(&profile).ok();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["usage"].get("completion_tokens_details").is_none(), "{}", r.body);
+}

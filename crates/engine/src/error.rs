@@ -47,4 +47,7 @@ pub enum EngineError {
     PromptFile { path: PathBuf, line: usize, why: String },
     #[error("{} has no prompts", .0.display())]
     NoPrompts(PathBuf),
+    /// A reasoning profile that cannot be used (the message names it and why).
+    #[error("{0}")]
+    Profile(String),
 }

@@ -7,7 +7,9 @@
 //! 4. [`speculative`]: generation with tree speculative decoding (`--mode eagle|ngram`) and draft-head lookup.
 //! 5. [`early_exit`]: generation with SpecEE early exit (`--mode specee`), predictor lookup, and the quality
 //!    evaluation behind `specee eval`.
-//! 6. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
+//! 6. [`reasoning`]: reasoning profiles (how a model is asked to reason, where its reasoning ends, its final
+//!    answer), for `generate --reasoning`, `eval-reasoning` and the server's reasoning token counts.
+//! 7. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
 //!    that trained artifacts record and are checked against on load.
 
 pub mod bench;
@@ -16,6 +18,7 @@ pub mod error;
 pub mod fetch;
 pub mod identity;
 pub mod perplexity;
+pub mod reasoning;
 pub mod session;
 pub mod speculative;
 

@@ -77,6 +77,9 @@ pub struct Config {
     pub model_id: String,
     /// What the modes beyond dense run with (none by default: dense only).
     pub resources: ModeResources,
+    /// How reasoning is told from the answer, for `usage.completion_tokens_details.reasoning_tokens` (`None`: no
+    /// reasoning counted). Prompts are not changed by it.
+    pub reasoning: Option<engine::reasoning::ReasoningProfile>,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             body_limit: DEFAULT_BODY_LIMIT,
             model_id: "specee".into(),
             resources: ModeResources::default(),
+            reasoning: None,
         }
     }
 }
@@ -127,6 +131,7 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
         queue: config.queue,
         ctx: config.ctx,
         threads_per_request: (config.threads / config.parallel).max(1),
+        reasoning: config.reasoning.clone().map(Arc::new),
     };
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)

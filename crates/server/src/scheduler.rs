@@ -13,7 +13,7 @@ use crate::holdback::Holdback;
 use crate::metrics::{Metrics, Outcome};
 use crate::mode::{DecodeStats, Mode, ModeResources};
 use crate::request::{GenerationRequest, PromptInput};
-use crate::wire::{SpeceeInfo, Usage};
+use crate::wire::{CompletionTokensDetails, SpeceeInfo, Usage};
 use engine::{Engine, EngineError, FinishReason, GenerateParams};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -62,6 +62,8 @@ pub struct SchedulerConfig {
     pub ctx: usize,
     /// Compute threads of each generation.
     pub threads_per_request: usize,
+    /// Counts reasoning tokens in `usage` when set.
+    pub reasoning: Option<Arc<engine::reasoning::ReasoningProfile>>,
 }
 
 struct Worker {
@@ -71,6 +73,7 @@ struct Worker {
     ctx: usize,
     threads: usize,
     n_layers: usize,
+    reasoning: Option<Arc<engine::reasoning::ReasoningProfile>>,
     /// Jobs admitted and not yet finished (queued + running).
     admitted: Arc<AtomicUsize>,
 }
@@ -105,6 +108,7 @@ impl Scheduler {
                 ctx: config.ctx,
                 threads: config.threads_per_request.max(1),
                 n_layers,
+                reasoning: config.reasoning.clone(),
                 admitted: Arc::clone(&admitted),
             };
             let receiver = Arc::clone(&receiver);
@@ -290,6 +294,9 @@ impl Worker {
             }
         }
         let completion_tokens = generation.generated_ids.len();
+        let completion_tokens_details = self.reasoning.as_ref().map(|p| CompletionTokensDetails {
+            reasoning_tokens: p.split(&self.engine, &generation.generated_ids).reasoning_tokens,
+        });
         let finished = Finished {
             text: generation.text,
             finish_reason,
@@ -297,6 +304,7 @@ impl Worker {
                 prompt_tokens: prompt_ids.len(),
                 completion_tokens,
                 total_tokens: prompt_ids.len() + completion_tokens,
+                completion_tokens_details,
             },
             info: SpeceeInfo {
                 mode: request.mode.name(),

@@ -213,6 +213,16 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Present when the server counts reasoning (`serve --reasoning`, or a model with a think section).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// `usage.completion_tokens_details`, as OpenAI gives it for reasoning models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Completion tokens that are reasoning (up to the profile's end of reasoning).
+    pub reasoning_tokens: usize,
 }
 
 /// Non-standard details added to responses under `specee` (OpenAI clients ignore unknown fields).

@@ -40,6 +40,11 @@ pub struct Args {
     /// Render the prompt as one user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// Ask the model to reason (a reasoning profile: a built-in name, `boxed` or `think`, or a profile file; alone:
+    /// the model's default) and report reasoning and answer tokens apart. Renders the prompt as a question with
+    /// the profile's messages and the model's chat template (implies --chat).
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "PROFILE")]
+    pub reasoning: Option<String>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -67,7 +72,11 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
     let mode = *a.mode.mode.get_or_insert_with(auto);
     let runner = a.mode.runner(&eng, &model_path)?;
-    let text = eng.render_prompt(&a.prompt, a.chat)?;
+    let profile = engine::reasoning::ReasoningProfile::from_flag(a.reasoning.as_deref(), &eng)?;
+    let text = match &profile {
+        Some(p) => p.render(&eng, &a.prompt)?,
+        None => eng.render_prompt(&a.prompt, a.chat)?,
+    };
     let ids = eng.tokenize_prompt(&text);
     let json = a.json;
     let mut out = std::io::stdout().lock();
@@ -81,10 +90,9 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
     drop(out);
     let t = &g.timings;
+    let split = profile.as_ref().map(|p| (p.split(&eng, &g.generated_ids), p.answer(&g.text)));
     if json {
-        println!(
-            "{}",
-            serde_json::json!({
+        let mut v = serde_json::json!({
                 "prompt_ids": g.prompt_ids,
                 "generated_ids": g.generated_ids,
                 "text": g.text,
@@ -120,8 +128,17 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     }),
                     None => serde_json::Value::Null,
                 },
-            })
-        );
+        });
+        if let Some((s, answer)) = split {
+            v["reasoning"] = serde_json::json!({
+                "profile": profile.as_ref().map(|p| p.name.clone()),
+                "reasoning_tokens": s.reasoning_tokens,
+                "answer_tokens": s.answer_tokens,
+                "ended": s.ended,
+                "answer": answer,
+            });
+        }
+        println!("{v}");
     } else {
         println!();
         let _ = std::io::stdout().flush();
@@ -132,6 +149,15 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
+        if let Some((s, answer)) = split {
+            eprintln!(
+                "reasoning: {} tokens{}, answer: {} tokens, final answer: {}",
+                s.reasoning_tokens,
+                if s.ended { "" } else { " (not ended)" },
+                s.answer_tokens,
+                answer.map_or("none found".to_string(), |x| x.to_string())
+            );
+        }
         if g.finish == engine::FinishReason::ContextFull {
             eprintln!(
                 "stopped after {} of {} tokens: the context of {} tokens is full (raise -c/--ctx-size)",

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod build_datastore;
 pub mod eval;
+pub mod eval_reasoning;
 pub mod fetch;
 pub mod generate;
 pub mod inspect;

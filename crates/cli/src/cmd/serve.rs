@@ -44,6 +44,11 @@ pub struct Args {
     /// Draft from the context only, not from a datastore.
     #[arg(long)]
     pub no_datastore: bool,
+    /// Count reasoning tokens in `usage.completion_tokens_details.reasoning_tokens` by a reasoning profile (a
+    /// built-in name, `boxed` or `think`, or a profile file; alone: the model's default). Models with a `</think>`
+    /// token count by `think` without it. Prompts are not changed.
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "PROFILE")]
+    pub reasoning: Option<String>,
 }
 
 /// Loads what the eagle and specee modes need: the files given (an error if they fail) or the model's shipped
@@ -85,6 +90,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let model_id = path.file_stem().map_or_else(|| "specee".to_string(), |s| s.to_string_lossy().into_owned());
     let engine = engine::Engine::load(&path)?;
     let resources = resources(&a, &engine, &path)?;
+    // Think models count their reasoning without being asked.
+    use engine::reasoning::ReasoningProfile;
+    let native = ReasoningProfile::is_native(&engine).then_some("");
+    let reasoning = ReasoningProfile::from_flag(a.reasoning.as_deref().or(native), &engine)?;
     let config = server::Config {
         host: a.host,
         port: a.port,
@@ -96,6 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         body_limit: a.max_body,
         model_id,
         resources,
+        reasoning,
     };
     server::run(engine, config)?;
     Ok(())
