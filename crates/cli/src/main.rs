@@ -34,6 +34,8 @@ enum Command {
     TrainDraft(cmd::train_draft::Args),
     /// Train SpecEE's per-layer exit predictors for a model (traces the model first).
     TrainExit(cmd::train_exit::Args),
+    /// Trace a model's reasoning on problems, show what an early exit could save, train SpecExit's signal heads.
+    TrainReasoningExit(cmd::train_reasoning_exit::Args),
     /// Build the n-gram datastore of a model's own answers that the tree modes draft from.
     BuildDatastore(cmd::build_datastore::Args),
     /// Show what a draft head, exit predictor file, datastore or training cache holds and how it was made.
@@ -53,6 +55,7 @@ fn main() {
         Command::EvalReasoning(a) => cmd::eval_reasoning::run(a),
         Command::TrainDraft(a) => cmd::train_draft::run(a),
         Command::TrainExit(a) => cmd::train_exit::run(a),
+        Command::TrainReasoningExit(a) => cmd::train_reasoning_exit::run(a),
         Command::BuildDatastore(a) => cmd::build_datastore::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
     };

@@ -282,3 +282,64 @@ fn reasoning_profiles_and_problem_files_that_cannot_be_used_are_one_line_errors(
     assert_clean_error(&["eval-reasoning", "-m", m, "--problems", p], "problems.jsonl:1: expected");
     assert_clean_error(&["eval-reasoning", "-m", m, "--problems", p, "--profile", bad], "reasoning profile");
 }
+
+/// A signal-head file (`w1 [hidden, d + 1]`, …, zeros) with `metadata`, written by hand as safetensors.
+fn signal_file(name: &str, d: usize, metadata: &[(&str, &str)]) -> PathBuf {
+    let hidden = 2;
+    let shapes = [("w1", vec![hidden, d + 1]), ("b1", vec![hidden]), ("w2", vec![3, hidden]), ("b2", vec![3])];
+    let mut header = serde_json::Map::new();
+    let meta: serde_json::Map<String, serde_json::Value> =
+        metadata.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+    header.insert("__metadata__".into(), serde_json::Value::Object(meta));
+    let mut offset = 0;
+    for (n, shape) in &shapes {
+        let bytes = shape.iter().product::<usize>() * 4;
+        header.insert(
+            n.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let header = serde_json::Value::Object(header).to_string().into_bytes();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend(vec![0u8; offset]);
+    let path = tmp(name);
+    std::fs::write(&path, file).unwrap();
+    path
+}
+
+#[test]
+fn signal_head_files_that_cannot_be_used_are_one_line_errors() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let problems = tmp("signal-problems.jsonl");
+    std::fs::write(&problems, "{\"question\": \"What is 2 + 3?\", \"answer\": 5}\n").unwrap();
+    let p = problems.to_str().unwrap();
+    let run = |signals: &str, expect: &str| {
+        let args = ["eval-reasoning", "-m", m, "--problems", p, "--reasoning-exit", "specexit", "--signals", signals];
+        assert_clean_error(&args, expect);
+    };
+    let garbage = tmp("garbage.safetensors");
+    std::fs::write(&garbage, b"not safetensors at all").unwrap();
+    run(garbage.to_str().unwrap(), "signal heads");
+    run(tmp("missing.safetensors").to_str().unwrap(), "no signal heads at");
+    let format = [("format", "specee-reasoning-signals-1")];
+    let no_format = signal_file("no-format.safetensors", 576, &[]);
+    run(no_format.to_str().unwrap(), "not a signal-head file");
+    let wide = signal_file("wide.safetensors", 896, &format);
+    run(wide.to_str().unwrap(), "made for feature rows of 896 values, the model has 576");
+    let qwen = [
+        ("format", "specee-reasoning-signals-1"),
+        ("base_model", "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"),
+        ("base_model.arch", "qwen2"),
+        ("base_model.n_layers", "24"),
+        ("base_model.n_embd", "896"),
+        ("base_model.vocab", "151936"),
+    ];
+    let other = signal_file("other.safetensors", 576, &qwen);
+    run(other.to_str().unwrap(), "made for Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf");
+    // Reasoning exits read feature rows that only dense and eagle decoding keep.
+    let args = ["eval-reasoning", "-m", m, "--problems", p, "--reasoning-exit", "deer", "--mode", "specee"];
+    assert_clean_error(&args, "reasoning exits run with --mode dense or eagle");
+}

@@ -438,9 +438,9 @@ fn bench_names_the_bad_line_of_a_prompt_file() {
 
 /// Reasoning on Qwen2.5-Coder with the `boxed` profile: `eval-reasoning --reasoning-exit none` generates exactly
 /// what `generate --reasoning` does on the same question (token counts, answer), and parses the right answer of a
-/// problem the model solves.
+/// problem the model solves; DEER runs full reasoning beside it (the same tokens) and cuts at a boundary.
 #[test]
-fn eval_reasoning_without_an_exit_is_plain_generation_and_parses_the_answer() {
+fn eval_reasoning_without_an_exit_is_plain_generation_and_deer_cuts_at_a_boundary() {
     qwen_coder();
     let dir = std::env::temp_dir().join(format!("specee-reasoning-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -460,7 +460,6 @@ fn eval_reasoning_without_an_exit_is_plain_generation_and_parses_the_answer() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let gen: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    std::fs::remove_dir_all(&dir).ok();
     let row = &eval["per_problem"][0];
     let r = &gen["reasoning"];
     assert_eq!(r["profile"], "boxed");
@@ -472,4 +471,35 @@ fn eval_reasoning_without_an_exit_is_plain_generation_and_parses_the_answer() {
     assert_eq!((&row["answer"], &r["answer"]), (&serde_json::json!(27.0), &serde_json::json!(27.0)), "{}", gen["text"]);
     assert_eq!((eval["accuracy"].as_f64(), row["reasoning_ended"].as_bool()), (Some(1.0), Some(true)));
     assert!(row["answer_tokens"].as_u64().unwrap() > 0 && row["reasoning_tokens"].as_u64().unwrap() > 10, "{row}");
+    // DEER on the same problem: its baseline is full reasoning through the exit's decoder, token for token the
+    // plain generation above; a threshold of 0 exits at the first boundary, with fewer reasoning tokens.
+    let o = specee(
+        &[
+            "eval-reasoning",
+            "-m",
+            "qwen-coder",
+            "--problems",
+            problems.to_str().unwrap(),
+            "-n",
+            "256",
+            "--reasoning-exit",
+            "deer",
+            "--deer-threshold",
+            "0",
+            "--json",
+        ],
+        Duration::from_secs(600),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let deer: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let base = &deer["baseline"]["per_problem"][0];
+    for k in ["reasoning_tokens", "answer_tokens", "answer"] {
+        assert_eq!(base[k], row[k], "{k}");
+    }
+    let cut = &deer["per_problem"][0];
+    assert_eq!(cut["trials"], 1, "{cut}");
+    assert!(cut["exited_at"].as_u64().unwrap() < row["reasoning_tokens"].as_u64().unwrap(), "{cut}");
+    assert_eq!(cut["reasoning_tokens"], cut["exited_at"], "{cut}");
+    assert!(deer["reasoning_reduction"].as_f64().unwrap() > 0.0 && deer["speedup"].as_f64().is_some());
+    std::fs::remove_dir_all(&dir).ok();
 }

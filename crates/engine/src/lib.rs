@@ -19,7 +19,9 @@ pub mod fetch;
 pub mod identity;
 pub mod perplexity;
 pub mod reasoning;
+pub mod reasoning_exit;
 pub mod session;
+pub mod signals;
 pub mod speculative;
 
 pub use error::EngineError;

@@ -216,23 +216,35 @@ impl ReasoningProfile {
         let start = after.rfind(self.marker())? + self.marker().len();
         let rest = &after[start..];
         let inner = match self.answer {
-            AnswerFormat::Boxed => {
-                // Up to the matching brace.
-                let mut depth = 1usize;
-                let close = rest.char_indices().find_map(|(i, c)| {
-                    match c {
-                        '{' => depth += 1,
-                        '}' => depth -= 1,
-                        _ => {}
-                    }
-                    (depth == 0).then_some(i)
-                })?;
-                &rest[..close]
-            }
+            AnswerFormat::Boxed => &rest[..box_close(rest)?],
             AnswerFormat::AnswerLine => rest.lines().next().unwrap_or(""),
         };
         parse_number(inner)
     }
+
+    /// Whether `text` ends a final answer in the profile's format: its last answer marker is followed by the
+    /// box's closing brace, or by the end of the `Answer:` line.
+    pub fn answer_complete(&self, text: &str) -> bool {
+        let Some(i) = text.rfind(self.marker()) else { return false };
+        let rest = &text[i + self.marker().len()..];
+        match self.answer {
+            AnswerFormat::Boxed => box_close(rest).is_some(),
+            AnswerFormat::AnswerLine => rest.contains('\n'),
+        }
+    }
+}
+
+/// Byte offset of the brace that closes a box whose opening brace came just before `rest`.
+fn box_close(rest: &str) -> Option<usize> {
+    let mut depth = 1usize;
+    rest.char_indices().find_map(|(i, c)| {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ => {}
+        }
+        (depth == 0).then_some(i)
+    })
 }
 
 /// A number written as an answer: optional `$` signs and spaces around, an optional trailing full stop, an

@@ -175,6 +175,9 @@ pub enum AnyProposer {
     /// A published EAGLE-1/2/3 checkpoint.
     Published(Box<PublishedProposer>),
     Ngram(NgramProposer),
+    /// Drafts nothing (each step verifies its root alone: dense decoding) but keeps the final-normed feature rows,
+    /// which reasoning exits read ([`crate::reasoning_exit`]).
+    Dense,
 }
 
 impl Proposer for AnyProposer {
@@ -183,6 +186,7 @@ impl Proposer for AnyProposer {
             AnyProposer::Eagle(p) => p.feature_source(),
             AnyProposer::Published(p) => p.feature_source(),
             AnyProposer::Ngram(p) => p.feature_source(),
+            AnyProposer::Dense => decode::speculative::FeatureSource::FinalNorm,
         }
     }
     fn propose(
@@ -194,11 +198,23 @@ impl Proposer for AnyProposer {
             AnyProposer::Eagle(p) => p.propose(context, tree),
             AnyProposer::Published(p) => p.propose(context, tree),
             AnyProposer::Ngram(p) => p.propose(context, tree),
+            AnyProposer::Dense => Ok(()),
         }
     }
 }
 
 impl AnyProposer {
+    /// The width of the feature rows the decoder keeps for this proposer when they start with the final-normed
+    /// state (what reasoning exits read); 0 when they do not (n-gram drafting, EAGLE-3 checkpoints).
+    pub fn feature_source_width(&self, n_embd: usize) -> usize {
+        let source = self.feature_source();
+        if source.final_norm_slot().is_some() {
+            source.width(n_embd)
+        } else {
+            0
+        }
+    }
+
     /// An EAGLE proposer with `head`, tree sizes `tree` (default: [`EagleProposer::default_tree`]) and the
     /// default prompt-lookup chain ([`EagleProposer::DEFAULT_LOOKUP`]), falling back on `datastore`.
     pub fn eagle(
@@ -220,6 +236,7 @@ impl AnyProposer {
             AnyProposer::Eagle(p) => p.lookup = chain,
             AnyProposer::Published(p) => p.lookup = chain,
             AnyProposer::Ngram(p) => p.datastore = datastore,
+            AnyProposer::Dense => {}
         }
     }
 }

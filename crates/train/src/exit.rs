@@ -424,7 +424,7 @@ fn sample_features(data: &ExitData, t: usize, l: usize, gap: usize) -> [f32; MAX
 /// `max(z, 0) − z·y + ln(1 + e^−|z|)`. (candle's `binary_cross_entropy_with_logit` takes the log of a sigmoid, which
 /// saturates on confident logits: ln 0 → NaN gradients, and a layer whose labels are nearly all one way ended up
 /// never firing.)
-fn bce_with_logits(z: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn bce_with_logits(z: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
     let soft = (z.abs()?.neg()?.exp()? + 1.0)?.log()?;
     ((z.relu()? - (z * y)?)? + soft)?.mean_all()
 }
@@ -434,7 +434,7 @@ fn bce_with_logits(z: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
 const MIN_STD: f32 = 0.05;
 
 /// Mean and standard deviation (at least [`MIN_STD`]) of each of the `nf` feature columns.
-fn column_stats(x: &[f32], nf: usize) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn column_stats(x: &[f32], nf: usize) -> (Vec<f32>, Vec<f32>) {
     let n = (x.len() / nf).max(1) as f64;
     let (mut sum, mut sq) = (vec![0f64; nf], vec![0f64; nf]);
     for row in x.chunks_exact(nf) {

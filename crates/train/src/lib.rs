@@ -23,6 +23,7 @@ pub mod data;
 pub mod eagle3;
 pub mod exit;
 pub mod head;
+pub mod reasoning;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};

@@ -12,6 +12,7 @@ pub mod serve;
 pub mod tokenize;
 pub mod train_draft;
 pub mod train_exit;
+pub mod train_reasoning_exit;
 
 use std::path::{Path, PathBuf};
 use train::cache::CacheKey;
@@ -286,6 +287,24 @@ impl ModeArgs {
             Mode::Specee => Runner::Specee(self.specee_setup(eng, model_path)?),
             Mode::SpeceeEagle => Runner::Merged(self.specee_setup(eng, model_path)?),
         })
+    }
+
+    /// The proposer a reasoning exit decodes with ([`engine::reasoning_exit`]): `--mode dense` (nothing
+    /// drafted, feature rows kept) or `eagle`; the other modes are refused.
+    pub fn reasoning_proposer(
+        &self,
+        eng: &engine::Engine,
+        model_path: &std::path::Path,
+    ) -> anyhow::Result<engine::speculative::AnyProposer> {
+        use engine::speculative::Mode;
+        match self.runner(eng, model_path)? {
+            Runner::Dense => Ok(engine::speculative::AnyProposer::Dense),
+            Runner::Speculative(p) if self.mode() == Mode::Eagle => Ok(p),
+            _ => anyhow::bail!(
+                "reasoning exits run with --mode dense or eagle, not {} (they read the final-normed feature rows)",
+                self.mode()
+            ),
+        }
     }
 
     /// The head, predictors and settings of `--mode specee`.
