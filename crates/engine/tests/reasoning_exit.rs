@@ -12,11 +12,15 @@ use engine::{Engine, GenerateParams};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-fn engine() -> Engine {
+fn synthetic(name: &str) -> Engine {
     let dir = std::env::var_os("SPECEE_REFERENCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference"));
-    Engine::load(dir.join("synthetic/synthetic-qwen2.gguf")).expect("the synthetic Qwen2 model")
+    Engine::load(dir.join(format!("synthetic/{name}.gguf"))).expect("a synthetic model")
+}
+
+fn engine() -> Engine {
+    synthetic("synthetic-qwen2")
 }
 
 /// A profile whose boundary is a word the synthetic model repeats.
@@ -154,4 +158,27 @@ fn a_trace_holds_a_trial_at_every_boundary_and_each_is_greedy_after_the_exit_tex
         assert!(trial.mean_max_prob > 0.0 && trial.mean_max_prob <= 1.0);
         assert_eq!(trial.answer, None);
     }
+}
+
+/// The think profile's path on the synthetic Qwen3 model: the reasoning is open until `</think>`, an exit emits
+/// `\n</think>\n\n` and the split then counts the reasoning up to the marker (exit text included) and the
+/// answer after it. (A real Qwen3 or R1-Distill GGUF has `</think>` as one token, and the profile is its default.)
+#[test]
+fn the_think_profile_ends_the_reasoning_at_its_marker_after_an_exit() {
+    let eng = synthetic("synthetic-qwen3");
+    let ids = prompt(&eng);
+    let want = plain(&eng, &ids);
+    let think = ReasoningProfile::resolve(Some("think"), &eng).unwrap();
+    assert_eq!(think.end.as_deref(), Some("</think>"));
+    let p = ReasoningProfile { boundary: repeated_word(&eng, &want), ..think };
+    let first = boundaries(&eng, &want, &p.boundary)[0];
+    let (got, exited, _) = with_exit(&eng, &ids, &p, &ReasoningExit::Deer { threshold: 0.0 });
+    assert_eq!(exited, Some(first));
+    let split = p.split(&eng, &got);
+    let exit_len = eng.exit_ids(&p).len();
+    assert!(split.ended, "{:?}", eng.tokenizer.decode(&got));
+    assert!(split.reasoning_tokens > first && split.reasoning_tokens <= first + exit_len, "{split:?}, cut at {first}");
+    assert_eq!(split.reasoning_tokens + split.answer_tokens, got.len());
+    // Without an exit the synthetic model never writes the marker: the reasoning never ends.
+    assert!(!p.split(&eng, &want).ended);
 }

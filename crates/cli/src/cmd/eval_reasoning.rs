@@ -9,10 +9,9 @@
 //! `--reasoning-exit none` is full reasoning; `deer` and `specexit` cut it short ([`engine::reasoning_exit`]) and
 //! run full reasoning beside them on every problem, with the same decoder, for the reduction and speed-up.
 
-use super::{generate_with, probability, ModeArgs, ModelArgs};
+use super::{generate_with, ModeArgs, ModelArgs, ReasoningExitArgs};
 use engine::reasoning::{read_problems, Problem, ReasoningProfile};
 use engine::reasoning_exit::ReasoningExit;
-use engine::signals::{ExitPolicy, SignalHead};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -26,29 +25,8 @@ pub struct Args {
     /// Problems (JSON lines: {"question": "...", "answer": NUMBER}).
     #[arg(long)]
     pub problems: PathBuf,
-    /// How the reasoning is cut short: `none` (full reasoning), `deer` (trial answers at paragraph boundaries)
-    /// or `specexit` (signal heads). With an exit, full reasoning runs too on each problem, with the same
-    /// decoder, and the table compares them. Not `--exit`, which names SpecEE's exit predictors in every command.
-    #[arg(long, default_value = "none", value_parser = ["none", "deer", "specexit"])]
-    pub reasoning_exit: String,
-    /// DEER: exit when a trial answer's mean top probability exceeds this.
-    #[arg(long, default_value_t = 0.95, value_parser = probability)]
-    pub deer_threshold: f32,
-    /// SpecExit: the signal-head file (default: heads/<model file stem>.reasoning.safetensors).
-    #[arg(long)]
-    pub signals: Option<PathBuf>,
-    /// SpecExit: EWMA weight of each step's signals (default: the signal file's).
-    #[arg(long, value_parser = probability)]
-    pub alpha: Option<f32>,
-    /// SpecExit: confidence must exceed this (default: the signal file's).
-    #[arg(long, value_parser = probability)]
-    pub confidence: Option<f32>,
-    /// SpecExit: progress must exceed this (default: the signal file's).
-    #[arg(long, value_parser = probability)]
-    pub progress: Option<f32>,
-    /// SpecExit: predicted remaining reasoning tokens must be below this (default: the signal file's).
-    #[arg(long, value_parser = super::positive)]
-    pub remaining: Option<f32>,
+    #[command(flatten)]
+    pub exit: ReasoningExitArgs,
     /// Reasoning profile: a built-in name (`boxed`, `think`) or a profile file (default: `think` for models with a
     /// `</think>` token, else `boxed`).
     #[arg(long)]
@@ -135,28 +113,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     let params = engine::GenerateParams { max_tokens: a.n, ..Default::default() };
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
     let mode = *a.mode.mode.get_or_insert_with(auto);
-    let exit = match a.reasoning_exit.as_str() {
-        "deer" => ReasoningExit::Deer { threshold: a.deer_threshold },
-        "specexit" => {
-            let path = a.signals.clone().unwrap_or_else(|| engine::speculative::shipped_path(&model_path, "reasoning"));
-            if !path.exists() {
-                anyhow::bail!(
-                    "no signal heads at {} (train them with `specee train-reasoning-exit`, or pass --signals FILE)",
-                    path.display()
-                );
-            }
-            let head = SignalHead::load_for(&eng, &path, &model_path)?;
-            let stored = ExitPolicy::from_metadata(&head.metadata);
-            let policy = ExitPolicy {
-                alpha: a.alpha.unwrap_or(stored.alpha),
-                confidence: a.confidence.unwrap_or(stored.confidence),
-                progress: a.progress.unwrap_or(stored.progress),
-                remaining: a.remaining.unwrap_or(stored.remaining),
-            };
-            ReasoningExit::SpecExit(std::sync::Arc::new(head), policy)
-        }
-        _ => ReasoningExit::None,
-    };
+    let exit = a.exit.exit(&eng, &model_path)?;
     let threads = a.model.threads();
     let ctx = |ids: &[u32]| ids.len() + a.n + 1;
     eng.model.warm_head_screen(threads);

@@ -45,6 +45,8 @@ pub struct Args {
     /// the profile's messages and the model's chat template (implies --chat).
     #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "PROFILE")]
     pub reasoning: Option<String>,
+    #[command(flatten)]
+    pub exit: super::ReasoningExitArgs,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -71,7 +73,10 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     };
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
     let mode = *a.mode.mode.get_or_insert_with(auto);
-    let runner = a.mode.runner(&eng, &model_path)?;
+    let exit = a.exit.exit(&eng, &model_path)?;
+    if !matches!(exit, engine::reasoning_exit::ReasoningExit::None) && a.reasoning.is_none() {
+        a.reasoning = Some(String::new());
+    }
     let profile = engine::reasoning::ReasoningProfile::from_flag(a.reasoning.as_deref(), &eng)?;
     let text = match &profile {
         Some(p) => p.render(&eng, &a.prompt)?,
@@ -87,7 +92,23 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         }
         true
     };
-    let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
+    let (g, stats, cut) = match (&exit, &profile) {
+        (engine::reasoning_exit::ReasoningExit::None, _) | (_, None) => {
+            let runner = a.mode.runner(&eng, &model_path)?;
+            let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
+            (g, stats, None)
+        }
+        (exit, Some(p)) => {
+            let proposer = a.mode.reasoning_proposer(&eng, &model_path)?;
+            let threads = a.model.threads();
+            let (g, r) = eng.generate_reasoning(&ids, &params, a.ctx, threads, proposer, p, exit, on_text)?;
+            let stats = match mode {
+                engine::speculative::Mode::Dense => RunStats::Dense,
+                _ => RunStats::Speculative(r.speculative),
+            };
+            (g, stats, Some(r))
+        }
+    };
     drop(out);
     let t = &g.timings;
     let split = profile.as_ref().map(|p| (p.split(&eng, &g.generated_ids), p.answer(&g.text)));
@@ -136,6 +157,9 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 "answer_tokens": s.answer_tokens,
                 "ended": s.ended,
                 "answer": answer,
+                "exit": exit.name(),
+                "exited_at": cut.and_then(|r| r.exited_at),
+                "trials": cut.map_or(0, |r| r.trials),
             });
         }
         println!("{v}");
@@ -157,6 +181,12 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 s.answer_tokens,
                 answer.map_or("none found".to_string(), |x| x.to_string())
             );
+        }
+        if let Some(r) = cut {
+            match r.exited_at {
+                Some(t) => eprintln!("{}: reasoning cut after {t} tokens ({} trial answers)", exit.name(), r.trials),
+                None => eprintln!("{}: the reasoning was not cut ({} trial answers)", exit.name(), r.trials),
+            }
         }
         if g.finish == engine::FinishReason::ContextFull {
             eprintln!(

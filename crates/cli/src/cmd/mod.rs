@@ -132,6 +132,69 @@ pub fn sibling(out: &std::path::Path, suffix: &str) -> PathBuf {
     out.with_file_name(format!("{stem}.{suffix}"))
 }
 
+/// How the reasoning is cut short (`generate`, `eval-reasoning`; see `engine::reasoning_exit`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ReasoningExitArgs {
+    /// How the reasoning is cut short: `none` (full reasoning), `deer` (trial answers at paragraph boundaries) or
+    /// `specexit` (signal heads). Runs with --mode dense or eagle. Not `--exit`, which names SpecEE's exit
+    /// predictors in every command.
+    #[arg(long, default_value = "none", value_parser = ["none", "deer", "specexit"])]
+    pub reasoning_exit: String,
+    /// DEER: exit when a trial answer's mean top probability exceeds this.
+    #[arg(long, default_value_t = 0.95, value_parser = probability)]
+    pub deer_threshold: f32,
+    /// SpecExit: the signal-head file (default: heads/<model file stem>.reasoning.safetensors).
+    #[arg(long)]
+    pub signals: Option<PathBuf>,
+    /// SpecExit: EWMA weight of each step's signals (default: the signal file's).
+    #[arg(long, value_parser = probability)]
+    pub alpha: Option<f32>,
+    /// SpecExit: confidence must exceed this (default: the signal file's).
+    #[arg(long, value_parser = probability)]
+    pub confidence: Option<f32>,
+    /// SpecExit: progress must exceed this (default: the signal file's).
+    #[arg(long, value_parser = probability)]
+    pub progress: Option<f32>,
+    /// SpecExit: predicted remaining reasoning tokens must be below this (default: the signal file's).
+    #[arg(long, value_parser = positive)]
+    pub remaining: Option<f32>,
+}
+
+impl ReasoningExitArgs {
+    /// The exit these flags ask for (signal heads loaded and checked against the model).
+    pub fn exit(
+        &self,
+        eng: &engine::Engine,
+        model_path: &Path,
+    ) -> anyhow::Result<engine::reasoning_exit::ReasoningExit> {
+        use engine::reasoning_exit::ReasoningExit;
+        use engine::signals::{ExitPolicy, SignalHead};
+        Ok(match self.reasoning_exit.as_str() {
+            "deer" => ReasoningExit::Deer { threshold: self.deer_threshold },
+            "specexit" => {
+                let path =
+                    self.signals.clone().unwrap_or_else(|| engine::speculative::shipped_path(model_path, "reasoning"));
+                if !path.exists() {
+                    anyhow::bail!(
+                        "no signal heads at {} (train them with `specee train-reasoning-exit`, or pass --signals FILE)",
+                        path.display()
+                    );
+                }
+                let head = SignalHead::load_for(eng, &path, model_path)?;
+                let stored = ExitPolicy::from_metadata(&head.metadata);
+                let policy = ExitPolicy {
+                    alpha: self.alpha.unwrap_or(stored.alpha),
+                    confidence: self.confidence.unwrap_or(stored.confidence),
+                    progress: self.progress.unwrap_or(stored.progress),
+                    remaining: self.remaining.unwrap_or(stored.remaining),
+                };
+                ReasoningExit::SpecExit(std::sync::Arc::new(head), policy)
+            }
+            _ => ReasoningExit::None,
+        })
+    }
+}
+
 /// Decoding-mode flags shared by `generate`, `bench` and `eval`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModeArgs {
