@@ -386,7 +386,7 @@ pub struct SignalOptions {
 /// Per-epoch validation metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SignalMetrics {
-    /// AUC of confidence at the boundaries (does it rank settled boundaries above unsettled ones).
+    /// AUC of confidence at the boundaries inside the reasoning (does it rank settled ones above unsettled ones).
     pub auc: f64,
     pub progress_mae: f64,
     pub log_remaining_mae: f64,
@@ -397,7 +397,7 @@ struct Rows {
     x: Vec<f32>,
     /// `[confidence, progress, log remaining]` per row.
     y: Vec<[f32; 3]>,
-    /// Whether the row's token ends a boundary.
+    /// Whether the row's token ends a boundary inside the reasoning (where an exit can save something).
     boundary: Vec<bool>,
 }
 
@@ -416,7 +416,8 @@ fn rows(set: &TraceSet, which: &[usize]) -> Rows {
             out.x.push((1.0 + t as f32).ln() / POSITION_SCALE);
             let settled = if r.settled(j) { 1.0 } else { 0.0 };
             out.y.push([settled, t as f32 / t_end, (t_end - t as f32).max(1.0).ln()]);
-            out.boundary.push(r.trials[j].at == t);
+            // Boundaries inside the reasoning: the last one (where the answer's paragraph starts) is always settled.
+            out.boundary.push(r.trials[j].at == t && t < r.reasoning);
         }
     }
     out
@@ -495,7 +496,7 @@ pub fn choose_policy(head: &SignalHead, set: &TraceSet, which: &[usize], budget:
         .collect();
     let mut best = (ExitPolicy { confidence: 2.0, ..ExitPolicy::default() }, full);
     for alpha in [0.1f32, 0.3, 1.0] {
-        for confidence in [0.5f32, 0.6, 0.7, 0.8, 0.9, 0.95] {
+        for confidence in [0.5f32, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99] {
             for progress in [0.0f32, 0.2, 0.3, 0.5] {
                 for remaining in [50f32, 100.0, 200.0, 1e9] {
                     let policy = ExitPolicy { alpha, confidence, progress, remaining };
@@ -621,7 +622,7 @@ pub fn train_signals(
         }
         last = metrics(&export(&l1, &l2)?, &va);
         log(&format!(
-            "epoch {}/{}: train loss {:.4}; validation: confidence AUC at boundaries {:.3}, progress MAE {:.3}, log-remaining MAE {:.3}",
+            "epoch {}/{}: train loss {:.4}; validation: confidence AUC at boundaries inside the reasoning {:.3}, progress MAE {:.3}, log-remaining MAE {:.3}",
             epoch + 1,
             opts.epochs,
             total / n.max(1) as f64,
