@@ -20,11 +20,10 @@
 
 use crate::error::EngineError;
 use crate::reasoning::ReasoningProfile;
-use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
+use crate::session::{check_prompt, Engine, GenerateParams, Generation};
 use crate::speculative::{speculative_error, tree_capacity, AnyProposer};
 use decode::speculative::{SpeculativeDecoder, SpeculativeStats};
 use model::Workspace;
-use std::time::Instant;
 
 /// Most tokens a trial answer may take after the exit text.
 pub const TRIAL_TOKENS: usize = 16;
@@ -238,12 +237,7 @@ impl Engine {
         let mut stats = ReasoningStats::default();
         let mut signals = crate::signals::Smoothed::default();
         let mut reasoning = ReasoningText::new(profile);
-        let mut out = Emitter::new(self, params, prompt_ids.len());
-        let t0 = Instant::now();
-        dec.feed(prompt_ids).map_err(speculative_error)?;
-        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
-        out.timings.prefilled_tokens = prompt_ids.len().saturating_sub(1);
-        let t1 = Instant::now();
+        let (mut out, t1) = self.start_tree(&mut dec, prompt_ids, params)?;
         let d = self.model.config.n_embd;
         'outer: while out.generated.len() < params.max_tokens {
             if dec.tokens().len() > capacity {
@@ -338,13 +332,9 @@ impl Engine {
         profile: &ReasoningProfile,
     ) -> Result<ReasoningTrace, EngineError> {
         let mut dec = self.reasoning_decoder(prompt_ids, params, ctx, threads, proposer)?;
-        let mut out = Emitter::new(self, params, prompt_ids.len());
         let mut reasoning = ReasoningText::new(profile);
         let mut boundaries = Vec::new();
-        let t0 = Instant::now();
-        dec.feed(prompt_ids).map_err(speculative_error)?;
-        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
+        let (mut out, t1) = self.start_tree(&mut dec, prompt_ids, params)?;
         'outer: while out.generated.len() < params.max_tokens && dec.tokens().len() <= dec.capacity() {
             let new = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?.to_vec();
             for t in new {

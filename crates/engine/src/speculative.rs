@@ -260,6 +260,22 @@ impl Engine {
         Ok((g, *dec.stats()))
     }
 
+    /// How every tree generation starts: feeds the prompt (its last token becomes the first step's root) and
+    /// returns the emitter with the prompt's timings and the time decoding began.
+    pub(crate) fn start_tree<'e>(
+        &'e self,
+        dec: &mut impl TreeSteps,
+        prompt_ids: &[u32],
+        params: &'e GenerateParams,
+    ) -> Result<(Emitter<'e>, Instant), EngineError> {
+        let mut out = Emitter::new(self, params, prompt_ids.len());
+        let t0 = Instant::now();
+        dec.feed(prompt_ids).map_err(speculative_error)?;
+        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
+        out.timings.prefilled_tokens = prompt_ids.len().saturating_sub(1);
+        Ok((out, Instant::now()))
+    }
+
     /// The generation loop of every tree mode: feeds the prompt (its last token becomes the first step's root, so
     /// the first verification yields token 1), then steps `dec` until the emitter is done or the cache is full.
     pub(crate) fn generate_tree(
@@ -270,12 +286,7 @@ impl Engine {
         capacity: usize,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
-        let mut out = Emitter::new(self, params, prompt_ids.len());
-        let t0 = Instant::now();
-        dec.feed(prompt_ids).map_err(speculative_error)?;
-        out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
-        out.timings.prefilled_tokens = prompt_ids.len().saturating_sub(1);
-        let t1 = Instant::now();
+        let (mut out, t1) = self.start_tree(dec, prompt_ids, params)?;
         'outer: while out.generated.len() < params.max_tokens {
             // The cache holds every committed token but the last (the next root), so a step fits while
             // `committed <= capacity`: like dense, generation fills the cache and emits one token more.

@@ -790,12 +790,17 @@ pub fn plot_histogram(counts: &[usize], path: &Path) -> Result<(), TrainError> {
         put(x, MARGIN + H, [0, 0, 0], &mut img);
     }
     text(&max.to_string(), 4, 4, &mut img, &mut put);
+    write_png(path, w, h, &img)
+}
+
+/// Writes `w × h` RGB pixels (`img`, row by row) as an 8-bit PNG.
+pub(crate) fn write_png(path: &Path, w: usize, h: usize, img: &[u8]) -> Result<(), TrainError> {
     let file = std::fs::File::create(path).map_err(|e| TrainError::Io(path.display().to_string(), e))?;
     let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w as u32, h as u32);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
     let err = |e: png::EncodingError| TrainError::Format(format!("{}: {e}", path.display()));
-    enc.write_header().map_err(err)?.write_image_data(&img).map_err(err)
+    enc.write_header().map_err(err)?.write_image_data(img).map_err(err)
 }
 
 #[cfg(test)]

@@ -465,14 +465,15 @@ fn metrics(head: &SignalHead, r: &Rows) -> SignalMetrics {
     SignalMetrics { auc: auc(&scores, &labels), progress_mae: pe / n, log_remaining_mae: re / n }
 }
 
-/// Replays a SpecExit policy on one trace: per-token signals smoothed with the policy's α, an exit at the
-/// first boundary inside the reasoning where the smoothed signals (over the rows before it) pass.
-pub fn replay(head: &SignalHead, set: &TraceSet, start: usize, r: &TraceRecord, policy: &ExitPolicy) -> Option<usize> {
+/// Replays a SpecExit policy on one trace from its per-token signals (`signals[i]`: row `i`): smoothed with the
+/// policy's α, an exit at the first boundary inside the reasoning where the smoothed signals (over the rows up to
+/// it) pass.
+pub fn first_exit(signals: &[[f32; 3]], r: &TraceRecord, policy: &ExitPolicy) -> Option<usize> {
     let mut s = Smoothed::default();
-    let mut next = 0;
     let js: Vec<usize> = inside(r).collect();
-    for i in 0..r.rows {
-        s.update(&[head.signals(&set.row(start + i), i + 1)], policy.alpha);
+    let mut next = 0;
+    for (i, sig) in signals.iter().enumerate() {
+        s.update(std::slice::from_ref(sig), policy.alpha);
         while next < js.len() && r.trials[js[next]].at < i + 1 {
             next += 1;
         }
@@ -500,21 +501,7 @@ pub fn choose_policy(head: &SignalHead, set: &TraceSet, which: &[usize], budget:
             for progress in [0.0f32, 0.2, 0.3, 0.5] {
                 for remaining in [50f32, 100.0, 200.0, 1e9] {
                     let policy = ExitPolicy { alpha, confidence, progress, remaining };
-                    let o = simulate(&records, |i, r| {
-                        let mut s = Smoothed::default();
-                        let js: Vec<usize> = inside(r).collect();
-                        let mut next = 0;
-                        for (t0, sig) in signals[i].iter().enumerate() {
-                            s.update(std::slice::from_ref(sig), alpha);
-                            while next < js.len() && r.trials[js[next]].at < t0 + 1 {
-                                next += 1;
-                            }
-                            if next < js.len() && r.trials[js[next]].at == t0 + 1 && policy.passes(&s) {
-                                return Some(js[next]);
-                            }
-                        }
-                        None
-                    });
+                    let o = simulate(&records, |i, r| first_exit(&signals[i], r, &policy));
                     if o.accuracy >= full.accuracy - budget - 1e-9 && o.mean_reasoning < best.1.mean_reasoning {
                         best = (policy, o);
                     }
@@ -715,12 +702,7 @@ pub fn plot_signals(
             }
         }
     }
-    let file = std::fs::File::create(path).map_err(|e| TrainError::Io(path.display().to_string(), e))?;
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w as u32, h as u32);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    let err = |e: png::EncodingError| TrainError::Format(format!("{}: {e}", path.display()));
-    enc.write_header().map_err(err)?.write_image_data(&img).map_err(err)
+    crate::exit::write_png(path, w, h, &img)
 }
 
 #[cfg(test)]
