@@ -497,3 +497,53 @@ fn reasoning_tokens_are_counted_as_generate_counts_them() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.json()["usage"].get("completion_tokens_details").is_none(), "{}", r.body);
 }
+
+/// The server's resident memory in KiB (Linux `/proc`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn one_gigabyte_bodies_are_refused_without_being_read() {
+    let server = Server::start(&[]);
+    let pid = server.child.id();
+    let healthy = |what: &str| {
+        let r = server.request("GET", "/health", b"");
+        assert_eq!(r.status, 200, "{what}: the server no longer answers");
+    };
+    healthy("start");
+    let before = rss_kib(pid);
+    // A declared 1 GB body: answered 413 from the header alone.
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\nConnection: close\r\n\r\n{\"messages\": [";
+    s.write_all(head.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    assert_eq!(parse_response(&raw).status, 413, "declared 1 GB: {}", String::from_utf8_lossy(&raw));
+    // A chunked body with no declared length, streamed toward 1 GB: cut at the limit.
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    s.write_all(head.as_bytes()).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, "a".repeat(1 << 20));
+        let mut sent = 0usize;
+        while sent < 1 << 30 && writer.write_all(chunk.as_bytes()).is_ok() {
+            sent += 1 << 20;
+        }
+        sent
+    });
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    drop(s);
+    let sent = sender.join().unwrap();
+    assert_eq!(parse_response(&raw).status, 413, "chunked: {}", String::from_utf8_lossy(&raw));
+    assert!(sent < 1 << 30, "the server read the whole gigabyte");
+    let after = rss_kib(pid);
+    assert!(after < before + 64 * 1024, "RSS grew from {before} KiB to {after} KiB");
+    healthy("after the large bodies");
+}

@@ -131,36 +131,64 @@ pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -
     Ok(BenchResult { runs, curve })
 }
 
-/// The prompts of a prompt file (`specee bench --prompts`), as token ids: one JSON object per line,
-/// `{"prompt": "..."}` (raw) or `{"messages": [{"role": …, "content": …}, …]}` (rendered with the chat template).
-pub fn read_prompts(engine: &Engine, path: &std::path::Path) -> Result<Vec<Vec<u32>>, EngineError> {
-    let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io { path: path.into(), source })?;
+/// One line of a prompt file: raw text, or a conversation for the chat template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromptLine {
+    /// `{"prompt": "..."}`: tokenized as it is.
+    Raw(String),
+    /// `{"messages": [{"role": …, "content": …}, …]}`: rendered with the model's chat template.
+    Chat(Vec<tokenizer::chat::Message>),
+}
+
+/// The `messages` array of a JSON line as chat messages; `None` when the line has no such array.
+pub fn json_messages(v: &serde_json::Value) -> Option<Result<Vec<tokenizer::chat::Message>, String>> {
+    let msgs = v.get("messages")?.as_array()?;
+    Some(
+        msgs.iter()
+            .map(|m| {
+                let role = m.get("role").and_then(|r| r.as_str());
+                let content = m.get("content").and_then(|c| c.as_str());
+                match (role, content) {
+                    (Some(r), Some(c)) => Ok(tokenizer::chat::Message::new(r, c)),
+                    _ => Err("a message needs `role` and `content` strings".to_string()),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Parses the text of a prompt file (`path` names it in errors): one JSON object per line, blank lines skipped.
+pub fn parse_prompt_lines(text: &str, path: &std::path::Path) -> Result<Vec<PromptLine>, EngineError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |why: String| EngineError::PromptFile { path: path.into(), line: i + 1, why };
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
-        let rendered = if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
-            p.to_string()
-        } else if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
-            let messages = msgs
-                .iter()
-                .map(|m| {
-                    let role = m.get("role").and_then(|r| r.as_str());
-                    let content = m.get("content").and_then(|c| c.as_str());
-                    match (role, content) {
-                        (Some(r), Some(c)) => Ok(tokenizer::chat::Message::new(r, c)),
-                        _ => Err(bad("a message needs `role` and `content` strings".into())),
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            engine.render_chat(&messages)?
+        out.push(if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
+            PromptLine::Raw(p.to_string())
+        } else if let Some(messages) = json_messages(&v) {
+            PromptLine::Chat(messages.map_err(bad)?)
         } else {
             return Err(bad("expected {\"prompt\": ...} or {\"messages\": [...]}".into()));
-        };
-        out.push(engine.tokenize_prompt(&rendered));
+        });
     }
     if out.is_empty() {
         return Err(EngineError::NoPrompts(path.into()));
     }
     Ok(out)
+}
+
+/// The prompts of a prompt file (`specee bench --prompts`), as token ids: one JSON object per line,
+/// `{"prompt": "..."}` (raw) or `{"messages": [{"role": …, "content": …}, …]}` (rendered with the chat template).
+pub fn read_prompts(engine: &Engine, path: &std::path::Path) -> Result<Vec<Vec<u32>>, EngineError> {
+    let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io { path: path.into(), source })?;
+    parse_prompt_lines(&text, path)?
+        .into_iter()
+        .map(|line| {
+            let rendered = match line {
+                PromptLine::Raw(p) => p,
+                PromptLine::Chat(messages) => engine.render_chat(&messages)?,
+            };
+            Ok(engine.tokenize_prompt(&rendered))
+        })
+        .collect()
 }

@@ -29,6 +29,11 @@ pub struct Problem {
 /// number}` is an error naming the file and line.
 pub fn read_problems(path: &Path) -> Result<Vec<Problem>, EngineError> {
     let text = std::fs::read_to_string(path).map_err(|e| EngineError::Io { path: path.to_path_buf(), source: e })?;
+    parse_problems(&text, path)
+}
+
+/// [`read_problems`] on a file's text (`path` names it in errors).
+pub fn parse_problems(text: &str, path: &Path) -> Result<Vec<Problem>, EngineError> {
     let mut problems = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |why: String| EngineError::PromptFile { path: path.to_path_buf(), line: i + 1, why };

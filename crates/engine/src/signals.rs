@@ -108,14 +108,19 @@ impl Smoothed {
 impl SignalHead {
     /// Loads a signal-head file; any defect is a one-line error naming the file.
     pub fn load(path: &Path) -> Result<SignalHead, EngineError> {
-        let bad = |why: String| EngineError::Profile(format!("signal heads {}: {why}", path.display()));
         let bytes = std::fs::read(path).map_err(|e| EngineError::Io { path: path.to_path_buf(), source: e })?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+        SignalHead::from_bytes(&bytes, path)
+    }
+
+    /// Parses the bytes of a signal-head file (`path` names it in errors).
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<SignalHead, EngineError> {
+        let bad = |why: String| EngineError::Profile(format!("signal heads {}: {why}", path.display()));
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
         let metadata: HashMap<String, String> = meta.metadata().clone().unwrap_or_default();
         if metadata.get("format").map(String::as_str) != Some(FORMAT) {
             return Err(bad(format!("not a signal-head file (metadata format is not {FORMAT})")));
         }
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
         let tensor = |name: &str| -> Result<(Vec<usize>, Vec<f32>), EngineError> {
             let t = st.tensor(name).map_err(|_| bad(format!("no tensor {name}")))?;
             if t.dtype() != safetensors::Dtype::F32 {

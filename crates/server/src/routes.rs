@@ -101,7 +101,14 @@ fn endpoint_label(path: &str) -> &'static str {
 
 async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let endpoint = endpoint_label(request.uri().path());
-    let response = next.run(request).await;
+    // A body declared larger than the limit is answered at once, before a byte of it is read (the body limit
+    // alone would wait for the first `body_limit` bytes, which a client declaring 1 GB may never send).
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let response = if declared.is_some_and(|n| n > state.body_limit as u64) {
+        too_large(&state).into_response()
+    } else {
+        next.run(request).await
+    };
     state.metrics.record_request(endpoint, response.status().as_u16());
     response
 }
@@ -155,11 +162,15 @@ async fn model(State(state): State<Arc<AppState>>, id: Result<Path<String>, Path
     axum::Json(model_card(&state)).into_response()
 }
 
+fn too_large(state: &AppState) -> ApiError {
+    ApiError::invalid(format!("the request body is larger than the {} bytes this server accepts", state.body_limit))
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        .with_code("request_too_large")
+}
+
 fn body_error(state: &AppState, rejection: BytesRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::invalid(format!("the request body is larger than the {} bytes this server accepts", state.body_limit))
-            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-            .with_code("request_too_large")
+        too_large(state)
     } else {
         ApiError::invalid(format!("cannot read the request body: {}", rejection.body_text()))
             .with_status(rejection.status())

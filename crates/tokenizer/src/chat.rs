@@ -7,6 +7,12 @@
 //! `minijinja-contrib`'s pycompat layer, and `tojson` as `transformers` defines it (Python's
 //! `json.dumps` with `ensure_ascii=False`: `", "` and `": "` separators, keys in insertion order,
 //! `indent=` and `sort_keys=` honoured; no HTML escaping).
+//!
+//! Templates come with model files from anyone, so a rendering is bounded: [`MAX_FUEL`] instructions (loops),
+//! minijinja's recursion limit (macros), [`MAX_TEMPLATE_BYTES`] of source and an output limit. Not bounded: a
+//! template that doubles a string in every step (`{% set x = x ~ x %}` thirty times) or concatenates a list
+//! repeated a trillion times builds gigabytes in a few instructions — minijinja limits `*` on strings but not
+//! concatenation or list repetition, and no hook sees a value's size (fuzz/README.md, "Known limit").
 
 use crate::TokenizerError;
 use minijinja::value::{Kwargs, ValueKind};
@@ -46,15 +52,63 @@ pub fn render(
         Err(Error::new(ErrorKind::InvalidOperation, message))
     });
     env.add_filter("tojson", tojson);
+    env.set_fuel(Some(MAX_FUEL));
+    if template.len() > MAX_TEMPLATE_BYTES {
+        return Err(TokenizerError::Template(format!(
+            "the chat template is {} bytes; at most {MAX_TEMPLATE_BYTES} are accepted",
+            template.len()
+        )));
+    }
     env.add_template("chat", template).map_err(template_error)?;
     let tmpl = env.get_template("chat").map_err(template_error)?;
-    tmpl.render(context! {
-        messages => messages,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos_token,
-        eos_token => eos_token,
-    })
-    .map_err(template_error)
+    let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+    let mut out = Bounded { text: Vec::new(), limit: MAX_RENDERED_BASE + 4 * input, full: false };
+    let rendered = tmpl.render_captured_to(
+        context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        },
+        &mut out,
+    );
+    if out.full {
+        return Err(TokenizerError::Template(format!(
+            "the chat template's output passed {} bytes for {input} bytes of messages",
+            out.limit
+        )));
+    }
+    rendered.map_err(template_error)?;
+    String::from_utf8(out.text).map_err(|_| TokenizerError::Template("the chat template wrote invalid UTF-8".into()))
+}
+
+/// The most template instructions one rendering may run: real chat templates take a few hundred per message,
+/// a hostile one (`{% for i in range(99999) %}{% for j in range(99999) %}`) is stopped in well under a second.
+pub const MAX_FUEL: u64 = 5_000_000;
+/// The largest template source accepted (real ones are a few KB; Qwen2.5's with tools is under 3 KB).
+pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
+/// A rendering may write this much more than 4× the messages' own bytes.
+pub const MAX_RENDERED_BASE: usize = 1 << 20;
+
+/// The rendering's output, refusing to grow past `limit`.
+struct Bounded {
+    text: Vec<u8>,
+    limit: usize,
+    full: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.limit {
+            self.full = true;
+            return Err(std::io::Error::other("the chat template's output is too long"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`.

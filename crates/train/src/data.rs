@@ -27,19 +27,17 @@ pub enum Record {
 /// Reads a JSON-lines file of records (blank lines skipped).
 pub fn read_records(path: &Path) -> Result<Vec<Record>, TrainError> {
     let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io(path.display().to_string(), e))?;
+    parse_records(&text, path)
+}
+
+/// [`read_records`] on a file's text (`path` names it in errors).
+pub fn parse_records(text: &str, path: &Path) -> Result<Vec<Record>, TrainError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |why: &str| TrainError::BadRecord { file: path.display().to_string(), line: i + 1, why: why.into() };
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
-        if let Some(msgs) = v.get("messages").and_then(|m| m.as_array()) {
-            let mut messages = Vec::new();
-            for m in msgs {
-                let role = m.get("role").and_then(|r| r.as_str()).ok_or_else(|| bad("message without a role"))?;
-                let content =
-                    m.get("content").and_then(|c| c.as_str()).ok_or_else(|| bad("message without content"))?;
-                messages.push(tokenizer::chat::Message::new(role, content));
-            }
-            out.push(Record::Chat(messages));
+        if let Some(messages) = engine::bench::json_messages(&v) {
+            out.push(Record::Chat(messages.map_err(|e| bad(&e))?));
         } else if let Some(t) = v.get("text").and_then(|t| t.as_str()) {
             out.push(Record::Text(t.to_string()));
         } else {

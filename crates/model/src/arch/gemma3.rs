@@ -23,7 +23,7 @@ pub fn config(file: &GgufFile) -> Result<Config, ModelError> {
         return Err(super::bad(&m.key("attention.head_count"), 0, "must be positive"));
     }
     let head_dim = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head);
-    let n_layers = m.usize("block_count")?;
+    let n_layers = m.n_layers()?;
     let window = m.opt_usize("attention.sliding_window")?;
     let layer_is_swa = (0..n_layers).map(|i| window.is_some() && (i + 1) % SWA_PATTERN != 0).collect();
     Ok(Config {

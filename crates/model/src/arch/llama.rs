@@ -27,7 +27,7 @@ pub fn config(file: &GgufFile, arch: Arch) -> Result<Config, ModelError> {
         return Err(super::bad(&m.key("attention.head_count"), 0, "must be positive"));
     }
     let head_dim = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head);
-    let n_layers = m.usize("block_count")?;
+    let n_layers = m.n_layers()?;
     let rope_base = m.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
     Ok(Config {
         arch,

@@ -31,11 +31,14 @@ fn bad(key: &str, value: impl ToString, reason: &str) -> ModelError {
     ModelError::BadHyperparameter { key: key.into(), value: value.to_string(), reason: reason.into() }
 }
 
+/// Most layers a model may declare (the largest open models have under 200).
+const MAX_LAYERS: usize = 1024;
+
 /// Sanity limits so that a crafted file cannot make us allocate absurd buffers or divide by zero.
 fn validate(c: &Config) -> Result<(), ModelError> {
     let p = c.arch.name();
     let checks: [(&str, usize, usize); 6] = [
-        ("block_count", c.n_layers, 1024),
+        ("block_count", c.n_layers, MAX_LAYERS),
         ("embedding_length", c.n_embd, 65536),
         ("feed_forward_length", c.n_ff, 1 << 20),
         ("attention.head_count", c.n_head, 1024),
@@ -71,6 +74,14 @@ impl Meta<'_> {
     }
     pub fn usize(&self, k: &str) -> Result<usize, ModelError> {
         Ok(self.file.get_u32(&self.key(k))? as usize)
+    }
+    /// `block_count`, checked against [`MAX_LAYERS`] before anything is sized by it.
+    pub fn n_layers(&self) -> Result<usize, ModelError> {
+        let n = self.usize("block_count")?;
+        if n == 0 || n > MAX_LAYERS {
+            return Err(bad(&self.key("block_count"), n, &format!("must be in 1..={MAX_LAYERS}")));
+        }
+        Ok(n)
     }
     pub fn opt_usize(&self, k: &str) -> Result<Option<usize>, ModelError> {
         Ok(self.file.opt_u32(&self.key(k))?.map(|v| v as usize))

@@ -359,6 +359,16 @@ impl PublishedHead {
         PublishedHead::from_tensors(tensors, &config, true)
     }
 
+    /// A head from the text of its `config.json` and the bytes of its safetensors weights, as [`Self::load`]
+    /// reads them (the names in errors are the usual file names).
+    pub fn from_parts(config: &str, weights: &[u8]) -> Result<PublishedHead, PublishedHeadError> {
+        let config = HeadConfig::parse(config)
+            .map_err(|message| PublishedHeadError::Config { path: "config.json".into(), message })?;
+        let tensors = read_safetensors(weights)
+            .map_err(|message| PublishedHeadError::Weights { path: "model.safetensors".into(), message })?;
+        PublishedHead::from_tensors(tensors, &config, false)
+    }
+
     /// Builds a head from normalized tensors; `quantize` stores wide matrices as Q8_0 (as our own heads are),
     /// otherwise everything stays F32.
     pub(crate) fn from_tensors(
