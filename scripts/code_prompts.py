@@ -16,6 +16,9 @@ Usage:
       training: N prompts from the standard library's source (site-packages and tests left out, so pip never
       appears; nor the codecs of encodings/, which are one function copied a hundred times), with the four
       held-out tasks and four more, picked by a stable hash
+  python3 scripts/code_prompts.py --train N --packages NAME[,NAME…] OUT
+      training: N prompts from the source of these installed packages (installed by name with pip; their
+      versions are recorded in each record; tests and vendored code left out; pip itself is refused)
 """
 import argparse
 import ast
@@ -104,15 +107,45 @@ def train(n, out):
     print(f"{out}: {len(found)} prompts from Python {version}'s standard library")
 
 
+def train_packages(n, names, out):
+    import importlib
+    import importlib.metadata
+
+    found, versions = [], {}
+    for name in names:
+        if name == "pip":
+            sys.exit("pip is the held-out source: it cannot be a training package")
+        mod = importlib.import_module(name)
+        root = os.path.dirname(mod.__file__)
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = getattr(mod, "__version__", "unknown")
+        skip = {"test", "tests", "testing", "_vendor", "vendor", "__pycache__", "data"}
+        found += [(f"{name}-{versions[name]}/{q}", code) for q, code in functions(root, skip)]
+    found = by_hash(found)[:n]
+    tasks = TASKS + EXTRA_TASKS
+    write(out, [
+        {"messages": [{"role": "user", "content": f"{tasks[i % len(tasks)]}\n\n```python\n{code}\n```"}],
+         "source": name}
+        for i, (name, code) in enumerate(found)
+    ])
+    print(f"{out}: {len(found)} prompts from " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?")
     ap.add_argument("--train", type=int, metavar="N", help="write N training prompts from the standard library")
+    ap.add_argument("--packages", metavar="NAMES", help="with --train: from these installed packages instead")
     a = ap.parse_args()
     if a.train is not None:
         if not a.out:
             ap.error("--train needs OUT")
-        train(a.train, a.out)
+        if a.packages:
+            train_packages(a.train, a.packages.split(","), a.out)
+        else:
+            train(a.train, a.out)
     else:
         heldout(a.out or "bench/code-heldout.jsonl")
 
