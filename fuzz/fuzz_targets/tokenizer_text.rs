@@ -1,7 +1,7 @@
 //! Encoding and decoding arbitrary bytes with the real default models' tokenizers (SmolLM2: byte-level BPE,
 //! Gemma 3: SentencePiece-style, Qwen2.5: BPE with the qwen2 pre-tokenizer). The first byte picks the model and
 //! the flags; the rest is text (invalid UTF-8 replaced) and, read as little-endian u32s, ids to decode.
-//! Models come from `SPECEE_FUZZ_MODELS` (colon-separated GGUF paths) or the default files in `models/`.
+//! Models come from `SPECEE_FUZZ_MODELS` (colon-separated GGUF paths) or the default models (`specee fetch all`).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -10,13 +10,12 @@ use tokenizer::Tokenizer;
 fn tokenizers() -> &'static [Tokenizer] {
     static ALL: OnceLock<Vec<Tokenizer>> = OnceLock::new();
     ALL.get_or_init(|| {
-        let paths = std::env::var("SPECEE_FUZZ_MODELS").unwrap_or_else(|_| {
-            "models/SmolLM2-135M-Instruct.Q4_1.gguf:models/gemma-3-270m-q4_k_m.gguf:\
-             models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
-                .into()
-        });
+        let paths: Vec<std::path::PathBuf> = match std::env::var("SPECEE_FUZZ_MODELS") {
+            Ok(list) => list.split(':').map(Into::into).collect(),
+            Err(_) => engine::fetch::DefaultModel::ALL.into_iter().map(engine::fetch::model_path).collect(),
+        };
         let all: Vec<Tokenizer> = paths
-            .split(':')
+            .iter()
             .filter_map(|p| gguf::GgufFile::open(p).ok())
             .map(|f| Tokenizer::from_gguf(&f).expect("a default model's tokenizer loads"))
             .collect();

@@ -16,12 +16,6 @@ use gguf::{GgufFile, GgufWriter, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
-const MODELS: [&str; 3] = [
-    "models/SmolLM2-135M-Instruct.Q4_1.gguf",
-    "models/gemma-3-270m-q4_k_m.gguf",
-    "models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf",
-];
-
 fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
     let d = dir.join(target);
     std::fs::create_dir_all(&d).unwrap();
@@ -83,12 +77,13 @@ fn main() {
         let m = model::testing::tiny_model(arch, None, 1, 64);
         write(out, "gguf_file", &format!("tiny-{arch}.gguf"), m.gguf().file_bytes());
     }
-    for path in MODELS {
-        let Ok(file) = GgufFile::open(path) else {
-            eprintln!("{path}: missing, skipped (run `specee fetch all`)");
+    for m in engine::fetch::DefaultModel::ALL {
+        let path = engine::fetch::model_path(m);
+        let Ok(file) = GgufFile::open(&path) else {
+            eprintln!("{}: missing, skipped (run `specee fetch all`)", path.display());
             continue;
         };
-        let stem = Path::new(path).file_stem().unwrap().to_string_lossy().to_string();
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         write(out, "gguf_file", &format!("{stem}.meta.gguf"), &metadata_only(&file, 300));
         if let Ok(template) = file.get_str("tokenizer.chat_template") {
             let seed = format!("{template}\0system:You are helpful.\nuser:hi\nassistant:hello\nuser:bye");
