@@ -25,7 +25,7 @@ pub mod signals;
 pub mod speculative;
 
 pub use error::EngineError;
-pub use session::{Engine, FinishReason, GenerateParams, Generation, Timings};
+pub use session::{Emitter, Engine, FinishReason, GenerateParams, Generation, Timings};
 
 use std::path::PathBuf;
 

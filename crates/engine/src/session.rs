@@ -193,22 +193,28 @@ pub(crate) fn check_prompt(prompt_ids: &[u32], ctx: usize) -> Result<(), EngineE
 }
 
 /// What one generation has produced so far, with the stop rules of [`GenerateParams`]: shared by dense and
-/// speculative generation, which differ only in how tokens are produced.
-pub(crate) struct Emitter<'e> {
+/// speculative generation, which differ only in how tokens are produced, and by the server's batch scheduler,
+/// which produces the tokens of many generations at once.
+pub struct Emitter<'e> {
     engine: &'e Engine,
-    params: &'e GenerateParams,
+    stop_at_eog: bool,
+    stop: Vec<String>,
     stream: StreamDecoder,
     text: String,
-    pub(crate) generated: Vec<u32>,
-    pub(crate) finish: FinishReason,
-    pub(crate) timings: Timings,
+    /// Tokens emitted so far.
+    pub generated: Vec<u32>,
+    /// Why generation ended (meaningful once [`Emitter::push`] returned `false`, else `Length`).
+    pub finish: FinishReason,
+    pub timings: Timings,
 }
 
 impl<'e> Emitter<'e> {
-    pub(crate) fn new(engine: &'e Engine, params: &'e GenerateParams, prompt_tokens: usize) -> Self {
+    /// An emitter applying `params`' stop rules to the generation after a prompt of `prompt_tokens` tokens.
+    pub fn new(engine: &'e Engine, params: &GenerateParams, prompt_tokens: usize) -> Self {
         Emitter {
             engine,
-            params,
+            stop_at_eog: params.stop_at_eog,
+            stop: params.stop.clone(),
             stream: StreamDecoder::default(),
             text: String::new(),
             generated: Vec::new(),
@@ -219,15 +225,15 @@ impl<'e> Emitter<'e> {
 
     /// Takes the next token; returns `false` when generation must end (end of generation, a stop string,
     /// or `on_text` asking to stop), with [`Emitter::finish`] set accordingly.
-    pub(crate) fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str) -> bool) -> bool {
-        if self.params.stop_at_eog && self.engine.tokenizer.is_eog(token) {
+    pub fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str) -> bool) -> bool {
+        if self.stop_at_eog && self.engine.tokenizer.is_eog(token) {
             self.finish = FinishReason::Stop;
             return false;
         }
         self.generated.push(token);
         let piece = self.stream.push(&self.engine.tokenizer, token);
         self.text.push_str(&piece);
-        if let Some(cut) = find_stop(&self.text, &self.params.stop) {
+        if let Some(cut) = find_stop(&self.text, &self.stop) {
             self.text.truncate(cut);
             self.finish = FinishReason::Stop;
             return false;
@@ -240,7 +246,7 @@ impl<'e> Emitter<'e> {
     }
 
     /// Flushes the stream and returns the generation; `decode_start` is when decoding began.
-    pub(crate) fn finish(
+    pub fn finish(
         mut self,
         prompt_ids: &[u32],
         decode_start: Instant,
@@ -248,7 +254,7 @@ impl<'e> Emitter<'e> {
     ) -> Generation {
         self.timings.decode_seconds = decode_start.elapsed().as_secs_f64();
         self.timings.decode_tokens = self.generated.len();
-        if self.finish != FinishReason::Stop || self.params.stop.is_empty() {
+        if self.finish != FinishReason::Stop || self.stop.is_empty() {
             let rest = self.stream.flush();
             if !rest.is_empty() {
                 on_text(&rest);

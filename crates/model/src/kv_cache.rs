@@ -122,6 +122,32 @@ impl KvCache {
         }
     }
 
+    /// A new cache of `capacity` slots holding a copy of this one's first `len` slots of every layer (a reused
+    /// prompt prefix: the server's prefix cache). `len` is cut to what every layer holds and to `capacity`.
+    pub fn prefix_copy(&self, len: usize, capacity: usize) -> KvCache {
+        let len = self.layers.iter().map(|l| l.len).min().unwrap_or(0).min(len).min(capacity);
+        let (kd, vd) = (self.kv_dim, self.kv_dim_v);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mut k = vec![0; capacity * kd];
+                let mut v = vec![0; capacity * vd];
+                let mut pos = vec![0; capacity];
+                k[..len * kd].copy_from_slice(&l.k[..len * kd]);
+                v[..len * vd].copy_from_slice(&l.v[..len * vd]);
+                pos[..len].copy_from_slice(&l.pos[..len]);
+                LayerCache { k, v, pos, len }
+            })
+            .collect();
+        KvCache { capacity, kv_dim: kd, kv_dim_v: vd, layers }
+    }
+
+    /// Bytes one slot takes over all layers (keys, values and position).
+    pub fn bytes_per_slot(&self) -> usize {
+        self.layers.len() * ((self.kv_dim + self.kv_dim_v) * 2 + 4)
+    }
+
     /// Checks that `n` more slots fit in `layer`.
     pub(crate) fn check_room(&self, layer: usize, n: usize) -> Result<(), ModelError> {
         let needed = self.layers[layer].len + n;

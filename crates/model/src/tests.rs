@@ -168,3 +168,72 @@ fn batched_sequences_equal_separate_forwards() {
         }
     }
 }
+
+#[test]
+fn continuing_from_a_copied_prefix_equals_a_fresh_run_bit_for_bit() {
+    for (arch, win) in archs() {
+        let m = tiny_model(arch, win);
+        let mut ws = Workspace::new(2);
+        let mut h = Vec::new();
+        let mut kv = m.new_cache(32);
+        m.forward(&TOKENS, &mut kv, &mut ws, &mut h, Logits::None).unwrap();
+        // Reuse 6 of the 10 cached slots in a smaller cache, then feed a different continuation.
+        let mut reused = kv.prefix_copy(6, 12);
+        assert_eq!((reused.seq_len(), reused.capacity()), (6, 12));
+        assert_eq!(reused.positions(0), &[0, 1, 2, 3, 4, 5]);
+        let a = m.forward(&[7, 7, 3], &mut reused, &mut ws, &mut h, Logits::All).unwrap().to_vec();
+        let mut seq = TOKENS[..6].to_vec();
+        seq.extend([7, 7, 3]);
+        let mut fresh = m.new_cache(32);
+        let b = m.forward(&seq, &mut fresh, &mut ws, &mut h, Logits::All).unwrap();
+        assert_eq!(a, b[6 * VOCAB..].to_vec(), "{arch}");
+        // Asking for more than is cached copies what there is.
+        assert_eq!(kv.prefix_copy(50, 64).seq_len(), 10);
+        assert!(kv.bytes_per_slot() > 0);
+    }
+}
+
+/// Draft trees of several requests in one `layer_batch` (each with its own ancestor mask and cache, one of them
+/// ahead of the other) give every row what a one-request call gives it, bit for bit: no row sees another
+/// request's cache or rows, whatever the masks allow within each request.
+#[test]
+fn tree_masks_of_several_requests_in_one_batch_stay_apart() {
+    for (arch, window) in archs() {
+        let m = tiny_model(arch, window);
+        let d = m.config.n_embd;
+        let mut ws = Workspace::new(2);
+        // Request A: 3 tokens cached, a tree root + two children; request B: 5 cached, a chain of two.
+        let tree_a = [true, false, false, true, true, false, true, false, true];
+        let chain_b = [true, false, true, true];
+        let (ta, tb): (&[u32], &[u32]) = (&[4, 9, 12], &[30, 31]);
+        let (pa, pb): (&[u32], &[u32]) = (&[3, 4, 4], &[5, 6]);
+        let prefill = |tokens: &[u32], ws: &mut Workspace| {
+            let mut kv = m.new_cache(16);
+            m.forward(tokens, &mut kv, ws, &mut Vec::new(), Logits::None).unwrap();
+            kv
+        };
+        let run_alone = |kv: &mut KvCache, tokens: &[u32], pos: &[u32], mask: &[bool], ws: &mut Workspace| {
+            let mut x = vec![0.0; tokens.len() * d];
+            m.embed(tokens, &mut x).unwrap();
+            for il in 0..m.config.n_layers {
+                m.layer(il, &mut x, pos, Mask::Allowed(mask), kv, ws).unwrap();
+            }
+            x
+        };
+        let (mut a1, mut b1) = (prefill(&TOKENS[..3], &mut ws), prefill(&TOKENS[3..8], &mut ws));
+        let mut want = run_alone(&mut a1, ta, pa, &tree_a, &mut ws);
+        want.extend(run_alone(&mut b1, tb, pb, &chain_b, &mut ws));
+        let (mut a2, mut b2) = (prefill(&TOKENS[..3], &mut ws), prefill(&TOKENS[3..8], &mut ws));
+        let mut x = vec![0.0; 5 * d];
+        m.embed(&[4, 9, 12, 30, 31], &mut x).unwrap();
+        for il in 0..m.config.n_layers {
+            let mut seqs = [
+                crate::Sequence { positions: pa, mask: Mask::Allowed(&tree_a), kv: &mut a2 },
+                crate::Sequence { positions: pb, mask: Mask::Allowed(&chain_b), kv: &mut b2 },
+            ];
+            m.layer_batch(il, &mut x, &mut seqs, &mut ws).unwrap();
+        }
+        assert_eq!(x, want, "{arch}");
+        assert_eq!((a2.seq_len(), b2.seq_len()), (6, 7));
+    }
+}

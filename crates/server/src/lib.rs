@@ -16,8 +16,9 @@
 //! 2. [`wire`]: the OpenAI JSON types, exactly as they travel.
 //! 3. [`request`]: checks a request and turns it into generation settings; unsupported features (`n > 1`,
 //!    tools, logprobs, non-text `response_format`, unknown fields) are refused with a 400.
-//! 4. [`scheduler`]: bounded admission (429 with `Retry-After` beyond `--parallel` + `--queue`) and worker
-//!    threads that run the engine; a client that disconnects cancels its generation.
+//! 4. [`scheduler`]: bounded admission (429 with `Retry-After` beyond `--parallel` + `--queue`) and the thread
+//!    that runs the engine; a client that disconnects cancels its generation. With `--parallel N ≥ 2`,
+//!    [`batch`]: continuous batching of every request's rows into shared forwards, a KV pool, a prefix cache.
 //! 5. [`mode`]: the decoding modes a request may pick (`{"specee": {"mode": "dense|eagle|specee"}}`) and what
 //!    they run with ([`ModeResources`]: the draft head, the early-exit setup; loaded once at start).
 //! 6. [`metrics`]: counters behind `/metrics`.
@@ -30,6 +31,7 @@
 //! server::run(engine, server::Config::default()).unwrap();
 //! ```
 
+pub mod batch;
 pub mod error;
 pub mod holdback;
 pub mod metrics;
@@ -53,6 +55,10 @@ use std::sync::Arc;
 /// Default body size limit: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
+/// Default of [`Config::prefill_rows`]: prompt rows per batched forward. A chunk this long delays the other
+/// requests' next token by one forward of this many rows.
+pub const DEFAULT_PREFILL_ROWS: usize = 128;
+
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -63,7 +69,8 @@ pub struct Config {
     /// Decoding mode of requests that do not choose one; `None` ("auto", the default): eagle for greedy
     /// requests when the draft head is loaded, dense otherwise.
     pub mode: Option<Mode>,
-    /// Requests generated at once.
+    /// Requests generated at once; from 2 on they share every forward ([`batch`]: continuous batching, a KV
+    /// pool and a prefix cache), at 1 the one request runs its own mode (eagle, specee) with every thread.
     pub parallel: usize,
     /// Requests that may wait for a slot; more get 429.
     pub queue: usize,
@@ -71,6 +78,12 @@ pub struct Config {
     pub ctx: usize,
     /// Compute threads in all; each of the `parallel` generations gets an equal share (at least one).
     pub threads: usize,
+    /// Tokens of KV cache the batched requests may reserve together (`None`: `ctx × parallel`).
+    pub kv_budget: Option<usize>,
+    /// Tokens the prefix cache may hold when batching (0: none).
+    pub prefix_cache: usize,
+    /// Most prompt rows one batched forward prefills.
+    pub prefill_rows: usize,
     /// Largest request body, bytes.
     pub body_limit: usize,
     /// The model's id in `/v1/models` and in responses.
@@ -92,6 +105,9 @@ impl Default for Config {
             queue: 8,
             ctx: 4096,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kv_budget: None,
+            prefix_cache: 4096,
+            prefill_rows: DEFAULT_PREFILL_ROWS,
             body_limit: DEFAULT_BODY_LIMIT,
             model_id: "specee".into(),
             resources: ModeResources::default(),
@@ -107,6 +123,12 @@ pub fn run(engine: engine::Engine, config: Config) -> Result<(), ServerError> {
     }
     if config.ctx < 2 {
         return Err(ServerError::Config(format!("--ctx-size must be at least 2, got {}", config.ctx)));
+    }
+    if let Some(budget) = config.kv_budget.filter(|&b| b < config.ctx) {
+        return Err(ServerError::Config(format!(
+            "--kv-budget ({budget} tokens) must hold at least one context (--ctx-size {})",
+            config.ctx
+        )));
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServerError::Runtime)?;
     runtime.block_on(serve(engine, config))
@@ -130,8 +152,15 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
         parallel: config.parallel,
         queue: config.queue,
         ctx: config.ctx,
-        threads_per_request: (config.threads / config.parallel).max(1),
+        threads_per_request: config.threads.max(1),
         reasoning: config.reasoning.clone().map(Arc::new),
+        batch: (config.parallel > 1).then(|| batch::BatchConfig {
+            parallel: config.parallel,
+            threads: config.threads.max(1),
+            kv_budget: config.kv_budget.unwrap_or(config.ctx * config.parallel),
+            prefix_cache: config.prefix_cache,
+            prefill_rows: config.prefill_rows.max(1),
+        }),
     };
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -147,10 +176,17 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
             local.ip()
         );
     }
-    eprintln!(
-        "specee serve: model {}, mode {}, parallel {}, queue {}, context {}, {} thread(s) per request",
-        config.model_id, mode_label, config.parallel, config.queue, config.ctx, scheduler_config.threads_per_request
-    );
+    match &scheduler_config.batch {
+        Some(b) => eprintln!(
+            "specee serve: model {}, batching {} requests (dense rows) on {} thread(s), queue {}, context {}, KV \
+             budget {} tokens, prefix cache {} tokens",
+            config.model_id, b.parallel, b.threads, config.queue, config.ctx, b.kv_budget, b.prefix_cache
+        ),
+        None => eprintln!(
+            "specee serve: model {}, mode {}, one request at a time on {} thread(s), queue {}, context {}",
+            config.model_id, mode_label, scheduler_config.threads_per_request, config.queue, config.ctx
+        ),
+    }
     // Tests and scripts read the address from this line.
     println!("listening on http://{local}");
     let _ = std::io::stdout().flush();

@@ -10,6 +10,11 @@
 //! | `specee_queue_capacity`, `specee_parallel`, `specee_model_layers` | gauge | |
 //! | `specee_decode_layers_total`, `specee_decode_steps_total` | counter | `mode` |
 //! | `specee_exit_layer_average`, `specee_acceptance_length_average` | gauge | `mode` |
+//! | `specee_queue_wait_seconds`, `specee_time_to_first_token_seconds` | histogram | |
+//! | `specee_inter_token_latency_seconds` | histogram | (batching scheduler only) |
+//! | `specee_batch_rows`, `specee_batch_sequences` | histogram | rows / requests per forward (batching only) |
+//! | `specee_kv_budget_tokens`, `specee_kv_reserved_tokens` | gauge | the KV pool (batching only) |
+//! | `specee_prefix_cache_tokens`, `specee_prefix_cache_hit_tokens_total`, `specee_prefix_cache_lookups_total` | gauge, counter, counter | |
 //!
 //! The average exit layer is layers executed per generated token (`decode_layers_total / generated_tokens`;
 //! dense = the model's layer count); the acceptance length is generated tokens per full-model forward step
@@ -22,6 +27,79 @@ use std::sync::Mutex;
 
 /// Upper bounds of the decode-speed histogram's buckets, tokens/s.
 const TOKENS_PER_SECOND_BUCKETS: [f64; 11] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 300.0, 500.0, 1000.0];
+
+/// Latency buckets, seconds (queue wait, time to first token, inter-token latency).
+const SECONDS_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Rows per batched forward.
+const ROWS_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+/// Requests per batched forward.
+const SEQUENCES_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// A Prometheus histogram with fixed bucket bounds.
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Observations `<=` each bound (not cumulative; summed when rendered), then above the last.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
+    }
+
+    fn observe(&mut self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += v;
+        self.count += 1;
+    }
+
+    /// The value below which a share `q` of observations fell, as the upper bound of its bucket (`+Inf` past the
+    /// last); `None` before any observation.
+    pub fn quantile_bound(&self, q: f64) -> Option<f64> {
+        let want = (q * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, &n) in self.counts.iter().enumerate() {
+            seen += n;
+            if seen >= want && self.count > 0 {
+                return Some(self.bounds.get(i).copied().unwrap_or(f64::INFINITY));
+            }
+        }
+        None
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        out.push_str(&header(name, "histogram", help));
+        let mut cumulative = 0;
+        for (bound, n) in self.bounds.iter().zip(&self.counts) {
+            cumulative += n;
+            out.push_str(&format!("{name}_bucket{{le=\"{bound}\"}} {cumulative}\n"));
+        }
+        out.push_str(&format!("{name}_bucket{{le=\"+Inf\"}} {}\n", self.count));
+        out.push_str(&format!("{name}_sum {}\n{name}_count {}\n", self.sum, self.count));
+    }
+}
+
+/// Which latency or batch histogram an observation goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observe {
+    /// Seconds from admission to the start of generation.
+    QueueWait,
+    /// Seconds from admission to the first generated token.
+    FirstToken,
+    /// Seconds between two consecutive tokens of one request.
+    InterToken,
+    /// Rows in one batched forward.
+    BatchRows,
+    /// Requests in one batched forward.
+    BatchSequences,
+}
 
 /// How a generation ended, for `specee_generations_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,10 +132,17 @@ struct ModeCounters {
     speed_count: u64,
 }
 
-#[derive(Default)]
+#[derive(Clone)]
 struct Counters {
     requests: BTreeMap<(&'static str, u16), u64>,
     modes: BTreeMap<Mode, ModeCounters>,
+    queue_wait: Histogram,
+    first_token: Histogram,
+    inter_token: Histogram,
+    batch_rows: Histogram,
+    batch_sequences: Histogram,
+    prefix_hit_tokens: u64,
+    prefix_lookups: u64,
 }
 
 /// The server's metrics; shared by handlers and workers.
@@ -67,6 +152,12 @@ pub struct Metrics {
     pub queued: AtomicUsize,
     /// Requests a worker is running.
     pub in_flight: AtomicUsize,
+    /// Tokens of KV cache reserved by admitted requests (batching scheduler).
+    pub kv_reserved: AtomicUsize,
+    /// Tokens the KV pool may reserve in all (0: no pool, per-request caches).
+    pub kv_budget: AtomicUsize,
+    /// Tokens held by the prefix cache.
+    pub prefix_cache_tokens: AtomicUsize,
     queue_capacity: usize,
     parallel: usize,
     n_layers: usize,
@@ -74,12 +165,24 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(queue_capacity: usize, parallel: usize, n_layers: usize) -> Metrics {
-        let counters =
-            Counters { modes: Mode::ALL.iter().map(|&m| (m, ModeCounters::default())).collect(), ..Default::default() };
+        let counters = Counters {
+            requests: BTreeMap::new(),
+            modes: Mode::ALL.iter().map(|&m| (m, ModeCounters::default())).collect(),
+            queue_wait: Histogram::new(&SECONDS_BUCKETS),
+            first_token: Histogram::new(&SECONDS_BUCKETS),
+            inter_token: Histogram::new(&SECONDS_BUCKETS),
+            batch_rows: Histogram::new(&ROWS_BUCKETS),
+            batch_sequences: Histogram::new(&SEQUENCES_BUCKETS),
+            prefix_hit_tokens: 0,
+            prefix_lookups: 0,
+        };
         Metrics {
             counters: Mutex::new(counters),
             queued: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            kv_reserved: AtomicUsize::new(0),
+            kv_budget: AtomicUsize::new(0),
+            prefix_cache_tokens: AtomicUsize::new(0),
             queue_capacity,
             parallel,
             n_layers,
@@ -94,6 +197,38 @@ impl Metrics {
     /// Counts one answered request.
     pub fn record_request(&self, endpoint: &'static str, status: u16) {
         *self.counters().requests.entry((endpoint, status)).or_default() += 1;
+    }
+
+    /// Adds an observation to one of the latency or batch histograms.
+    pub fn observe(&self, what: Observe, value: f64) {
+        let mut c = self.counters();
+        let h = match what {
+            Observe::QueueWait => &mut c.queue_wait,
+            Observe::FirstToken => &mut c.first_token,
+            Observe::InterToken => &mut c.inter_token,
+            Observe::BatchRows => &mut c.batch_rows,
+            Observe::BatchSequences => &mut c.batch_sequences,
+        };
+        h.observe(value);
+    }
+
+    /// Counts one prefix-cache lookup that reused `hit_tokens` prompt tokens (0: a miss).
+    pub fn record_prefix_lookup(&self, hit_tokens: usize) {
+        let mut c = self.counters();
+        c.prefix_lookups += 1;
+        c.prefix_hit_tokens += hit_tokens as u64;
+    }
+
+    /// A copy of one histogram (for tests and summaries).
+    pub fn histogram(&self, what: Observe) -> Histogram {
+        let c = self.counters();
+        match what {
+            Observe::QueueWait => c.queue_wait.clone(),
+            Observe::FirstToken => c.first_token.clone(),
+            Observe::InterToken => c.inter_token.clone(),
+            Observe::BatchRows => c.batch_rows.clone(),
+            Observe::BatchSequences => c.batch_sequences.clone(),
+        }
     }
 
     /// Counts one generation that ran (fully or not).
@@ -126,7 +261,8 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let c = self.counters().clone_view();
+        // A copy, so that rendering does not hold the lock.
+        let c = self.counters().clone();
         let mut out = String::new();
         let mut w = |s: String| out.push_str(&s);
 
@@ -209,14 +345,54 @@ impl Metrics {
                 ratio(m.stats.tokens, m.stats.steps)
             ));
         }
+        c.queue_wait.render(
+            "specee_queue_wait_seconds",
+            "Seconds from admission to the start of generation.",
+            &mut out,
+        );
+        c.first_token.render(
+            "specee_time_to_first_token_seconds",
+            "Seconds from admission to the first generated token.",
+            &mut out,
+        );
+        c.inter_token.render(
+            "specee_inter_token_latency_seconds",
+            "Seconds between consecutive tokens of one request (batching scheduler).",
+            &mut out,
+        );
+        c.batch_rows.render("specee_batch_rows", "Rows (tokens) per batched forward.", &mut out);
+        c.batch_sequences.render("specee_batch_sequences", "Requests per batched forward.", &mut out);
+        let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
+            out.push_str(&header(name, "gauge", help));
+            out.push_str(&format!("{name} {v}\n"));
+        };
+        gauge(
+            &mut out,
+            "specee_kv_budget_tokens",
+            "Tokens of KV cache the pool may reserve (--kv-budget; 0 without batching).",
+            self.kv_budget.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "specee_kv_reserved_tokens",
+            "Tokens of KV cache reserved by admitted requests.",
+            self.kv_reserved.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "specee_prefix_cache_tokens",
+            "Tokens held by the prefix cache.",
+            self.prefix_cache_tokens.load(Ordering::Relaxed),
+        );
+        out.push_str(&header(
+            "specee_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens reused from the prefix cache instead of being computed.",
+        ));
+        out.push_str(&format!("specee_prefix_cache_hit_tokens_total {}\n", c.prefix_hit_tokens));
+        out.push_str(&header("specee_prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache."));
+        out.push_str(&format!("specee_prefix_cache_lookups_total {}\n", c.prefix_lookups));
         out
-    }
-}
-
-impl Counters {
-    /// A copy, so that rendering does not hold the lock.
-    fn clone_view(&self) -> Counters {
-        Counters { requests: self.requests.clone(), modes: self.modes.clone() }
     }
 }
 
@@ -248,8 +424,25 @@ mod tests {
             DecodeStats { tokens: 4, layers: 120, steps: 4 },
             Some(12.0),
         );
+        m.observe(Observe::FirstToken, 0.03);
+        m.observe(Observe::FirstToken, 0.2);
+        m.observe(Observe::BatchRows, 3.0);
+        m.record_prefix_lookup(32);
+        m.record_prefix_lookup(0);
+        let h = m.histogram(Observe::FirstToken);
+        assert_eq!((h.quantile_bound(0.5), h.quantile_bound(0.99)), (Some(0.05), Some(0.25)));
+        assert_eq!(m.histogram(Observe::InterToken).quantile_bound(0.5), None);
         let text = m.render();
         for line in [
+            "specee_time_to_first_token_seconds_bucket{le=\"0.025\"} 0",
+            "specee_time_to_first_token_seconds_bucket{le=\"0.05\"} 1",
+            "specee_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2",
+            "specee_time_to_first_token_seconds_count 2",
+            "specee_batch_rows_bucket{le=\"2\"} 0",
+            "specee_batch_rows_bucket{le=\"4\"} 1",
+            "specee_prefix_cache_hit_tokens_total 32",
+            "specee_prefix_cache_lookups_total 2",
+            "specee_kv_reserved_tokens 0",
             "specee_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1",
             "specee_prompt_tokens_total{mode=\"dense\"} 7",
             "specee_generated_tokens_total{mode=\"dense\"} 4",

@@ -213,7 +213,7 @@ async fn generate(state: Arc<AppState>, request: GenerationRequest, kind: Kind) 
     let stream = request.stream;
     let include_usage = request.include_usage;
     let (events, mut rx) = unbounded_channel();
-    if let Err(e) = state.scheduler.submit(Job { request, events }) {
+    if let Err(e) = state.scheduler.submit(Job { request, events, admitted_at: std::time::Instant::now() }) {
         return e.into_response();
     }
     // Wait until the worker has checked the prompt: errors before generation are plain JSON errors.

@@ -10,7 +10,7 @@
 
 use crate::error::{ApiError, ServerError};
 use crate::holdback::Holdback;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{Metrics, Observe, Outcome};
 use crate::mode::{DecodeStats, Mode, ModeResources};
 use crate::request::{GenerationRequest, PromptInput};
 use crate::wire::{CompletionTokensDetails, SpeceeInfo, Usage};
@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// What a worker tells the handler waiting for a job.
@@ -49,6 +50,8 @@ pub struct Finished {
 pub struct Job {
     pub request: GenerationRequest,
     pub events: UnboundedSender<Event>,
+    /// When the server admitted it (queue wait and time to first token count from here).
+    pub admitted_at: Instant,
 }
 
 /// Sizes of the scheduler.
@@ -64,18 +67,26 @@ pub struct SchedulerConfig {
     pub threads_per_request: usize,
     /// Counts reasoning tokens in `usage` when set.
     pub reasoning: Option<Arc<engine::reasoning::ReasoningProfile>>,
+    /// Batch every request into one shared forward ([`crate::batch`]) instead of one worker per request.
+    pub batch: Option<crate::batch::BatchConfig>,
+}
+
+/// What every generation path (the per-request workers and the batching scheduler) shares: the engine, the
+/// metrics, the limits, and how a request is turned into tokens and its answer sent back.
+pub(crate) struct Shared {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) ctx: usize,
+    pub(crate) n_layers: usize,
+    pub(crate) reasoning: Option<Arc<engine::reasoning::ReasoningProfile>>,
+    /// Jobs admitted and not yet finished (queued + running).
+    pub(crate) admitted: Arc<AtomicUsize>,
 }
 
 struct Worker {
-    engine: Arc<Engine>,
+    shared: Arc<Shared>,
     resources: Arc<ModeResources>,
-    metrics: Arc<Metrics>,
-    ctx: usize,
     threads: usize,
-    n_layers: usize,
-    reasoning: Option<Arc<engine::reasoning::ReasoningProfile>>,
-    /// Jobs admitted and not yet finished (queued + running).
-    admitted: Arc<AtomicUsize>,
 }
 
 /// The queue and its workers.
@@ -98,18 +109,29 @@ impl Scheduler {
         let (sender, receiver) = mpsc::channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));
         let admitted = Arc::new(AtomicUsize::new(0));
-        let n_layers = engine.model.config.n_layers;
+        let shared = Arc::new(Shared {
+            n_layers: engine.model.config.n_layers,
+            engine,
+            metrics: Arc::clone(&metrics),
+            ctx: config.ctx,
+            reasoning: config.reasoning.clone(),
+            admitted: Arc::clone(&admitted),
+        });
         let mut workers = Vec::new();
-        for index in 0..config.parallel.max(1) {
+        if let Some(batch) = &config.batch {
+            let batcher = crate::batch::Batcher::new(Arc::clone(&shared), batch.clone());
+            let receiver = Arc::clone(&receiver);
+            let handle = std::thread::Builder::new()
+                .name("specee-batch".into())
+                .spawn(move || batcher.run(&receiver))
+                .map_err(|e| ServerError::Config(format!("cannot start the batching thread: {e}")))?;
+            workers.push(handle);
+        }
+        for index in 0..if config.batch.is_some() { 0 } else { config.parallel.max(1) } {
             let worker = Worker {
-                engine: Arc::clone(&engine),
+                shared: Arc::clone(&shared),
                 resources: Arc::clone(&resources),
-                metrics: Arc::clone(&metrics),
-                ctx: config.ctx,
                 threads: config.threads_per_request.max(1),
-                n_layers,
-                reasoning: config.reasoning.clone(),
-                admitted: Arc::clone(&admitted),
             };
             let receiver = Arc::clone(&receiver);
             let handle = std::thread::Builder::new()
@@ -161,6 +183,7 @@ impl Scheduler {
 
 impl Worker {
     fn run(self, receiver: &Mutex<mpsc::Receiver<Job>>) {
+        let metrics = &self.shared.metrics;
         loop {
             let job = {
                 let rx = receiver.lock().unwrap_or_else(|p| p.into_inner());
@@ -169,41 +192,119 @@ impl Worker {
                     Err(_) => return,
                 }
             };
-            self.metrics.queued.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.in_flight.fetch_add(1, Ordering::AcqRel);
+            metrics.queued.fetch_sub(1, Ordering::AcqRel);
+            metrics.in_flight.fetch_add(1, Ordering::AcqRel);
+            metrics.observe(Observe::QueueWait, job.admitted_at.elapsed().as_secs_f64());
             self.run_job(job);
             // Free the slot before the gauge says so, so that a client seeing 0 in flight can be admitted.
-            self.admitted.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.shared.admitted.fetch_sub(1, Ordering::AcqRel);
+            metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
     fn run_job(&self, job: Job) {
-        let Job { request, events } = job;
+        let Job { request, events, admitted_at } = job;
         if events.is_closed() {
             // The client left while the job was queued.
-            self.metrics.record_generation(request.mode, Outcome::Cancelled, 0, DecodeStats::default(), None);
+            self.shared.record_cancelled(request.mode);
             return;
         }
-        let error = match catch_unwind(AssertUnwindSafe(|| self.generate(&request, &events))) {
-            Ok(Ok(())) => return,
-            Ok(Err(e)) => e,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned());
-                ApiError::internal(format!("generation failed: {}", what.unwrap_or_else(|| "panic".into())))
-            }
-        };
-        if error.status.is_server_error() {
-            eprintln!("specee serve: {error}");
-            self.metrics.record_generation(request.mode, Outcome::Error, 0, DecodeStats::default(), None);
+        let result = catch_unwind(AssertUnwindSafe(|| self.generate(&request, &events, admitted_at)));
+        if let Err(error) = result.map_err(panic_error).and_then(|r| r) {
+            self.shared.fail(&request, &events, error);
         }
-        let _ = events.send(Event::Failed(error));
     }
 
-    fn generate(&self, request: &GenerationRequest, events: &UnboundedSender<Event>) -> Result<(), ApiError> {
+    fn generate(
+        &self,
+        request: &GenerationRequest,
+        events: &UnboundedSender<Event>,
+        admitted_at: Instant,
+    ) -> Result<(), ApiError> {
+        let shared = &*self.shared;
+        let engine = &*shared.engine;
+        let (prompt_ids, params) = shared.prepare(request)?;
+        if events.send(Event::Started { prompt_tokens: prompt_ids.len() }).is_err() {
+            shared.record_cancelled(request.mode);
+            return Ok(());
+        }
+        let mut holdback = Holdback::new(request.stop.clone());
+        let mut first_piece = true;
+        let on_text = |piece: &str| {
+            if first_piece {
+                first_piece = false;
+                shared.metrics.observe(Observe::FirstToken, admitted_at.elapsed().as_secs_f64());
+            }
+            stream_piece(request, events, &mut holdback, piece)
+        };
+        let (ctx, threads, n_layers) = (shared.ctx, self.threads, shared.n_layers);
+        // Requests only name modes whose resources are loaded (checked when parsed).
+        let unavailable = |mode: Mode| ApiError::internal(format!("mode {} has nothing loaded", mode.name()));
+        let (generation, stats) = match request.mode {
+            Mode::Dense => {
+                let g = engine.generate(&prompt_ids, &params, ctx, threads, on_text)?;
+                let stats = DecodeStats::dense(&g, n_layers);
+                (g, stats)
+            }
+            Mode::Eagle => {
+                let head = Arc::clone(self.resources.draft.as_ref().ok_or_else(|| unavailable(Mode::Eagle))?);
+                let proposer = engine::speculative::AnyProposer::eagle(head, None, self.resources.datastore.clone());
+                let (g, s) = engine.generate_speculative(&prompt_ids, &params, ctx, threads, proposer, on_text)?;
+                let tokens = g.generated_ids.len() as u64;
+                let stats = DecodeStats { tokens, layers: tokens * n_layers as u64, steps: s.target_forwards as u64 };
+                (g, stats)
+            }
+            Mode::Specee => {
+                let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::Specee))?;
+                let (g, s) = engine.generate_specee(&prompt_ids, &params, ctx, threads, setup, on_text)?;
+                let tokens = g.generated_ids.len() as u64;
+                // Layers per decoded token, scaled to the generated tokens (the first comes from the prompt pass).
+                let layers = if s.tokens > 0 { s.layers as u64 * tokens / s.tokens as u64 } else { 0 };
+                (g, DecodeStats { tokens, layers, steps: tokens })
+            }
+            Mode::SpeceeEagle => {
+                let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::SpeceeEagle))?;
+                let (g, s) = engine.generate_merged(&prompt_ids, &params, ctx, threads, setup, on_text)?;
+                let tokens = g.generated_ids.len() as u64;
+                // A tree forward runs all its rows to the same depth: each token committed by it counts that depth.
+                let forwards = s.speculative.target_forwards as u64;
+                let layers = (s.layers as u64 * tokens).checked_div(forwards).unwrap_or(0);
+                (g, DecodeStats { tokens, layers, steps: forwards })
+            }
+        };
+        shared.answer(request, events, request.mode, generation, stats, &holdback);
+        Ok(())
+    }
+}
+
+/// A panic caught around a generation, as the 500 it is answered with.
+pub(crate) fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
+    let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+    ApiError::internal(format!("generation failed: {}", what.unwrap_or_else(|| "panic".into())))
+}
+
+/// Sends a streamed piece of text (what the stop strings no longer hold back); `false` once the client left.
+pub(crate) fn stream_piece(
+    request: &GenerationRequest,
+    events: &UnboundedSender<Event>,
+    holdback: &mut Holdback,
+    piece: &str,
+) -> bool {
+    if !request.stream {
+        return !events.is_closed();
+    }
+    let ready = holdback.push(piece);
+    if ready.is_empty() {
+        !events.is_closed()
+    } else {
+        events.send(Event::Text(ready.to_string())).is_ok()
+    }
+}
+
+impl Shared {
+    /// The request's prompt as token ids (chat rendered with the template) and its generation settings; a 400
+    /// when the prompt is empty or does not fit the context.
+    pub(crate) fn prepare(&self, request: &GenerationRequest) -> Result<(Vec<u32>, GenerateParams), ApiError> {
         let engine = &*self.engine;
         let prompt_ids = match &request.input {
             PromptInput::Chat(messages) => engine.tokenize_prompt(&engine.render_chat(messages)?),
@@ -223,58 +324,35 @@ impl Worker {
             stop_at_eog: request.stop_at_eog,
             stop: request.stop.clone(),
         };
-        if events.send(Event::Started { prompt_tokens: prompt_ids.len() }).is_err() {
-            self.metrics.record_generation(request.mode, Outcome::Cancelled, 0, DecodeStats::default(), None);
-            return Ok(());
+        Ok((prompt_ids, params))
+    }
+
+    /// Counts a generation the client abandoned before it produced anything.
+    pub(crate) fn record_cancelled(&self, mode: Mode) {
+        self.metrics.record_generation(mode, Outcome::Cancelled, 0, DecodeStats::default(), None);
+    }
+
+    /// Answers a failed request (a 500 is also logged and counted).
+    pub(crate) fn fail(&self, request: &GenerationRequest, events: &UnboundedSender<Event>, error: ApiError) {
+        if error.status.is_server_error() {
+            eprintln!("specee serve: {error}");
+            self.metrics.record_generation(request.mode, Outcome::Error, 0, DecodeStats::default(), None);
         }
-        let mut holdback = Holdback::new(request.stop.clone());
-        let on_text = |piece: &str| {
-            if !request.stream {
-                return !events.is_closed();
-            }
-            let ready = holdback.push(piece);
-            if ready.is_empty() {
-                !events.is_closed()
-            } else {
-                events.send(Event::Text(ready.to_string())).is_ok()
-            }
-        };
-        // Requests only name modes whose resources are loaded (checked when parsed).
-        let unavailable = |mode: Mode| ApiError::internal(format!("mode {} has nothing loaded", mode.name()));
-        let (generation, stats) = match request.mode {
-            Mode::Dense => {
-                let g = engine.generate(&prompt_ids, &params, self.ctx, self.threads, on_text)?;
-                let stats = DecodeStats::dense(&g, self.n_layers);
-                (g, stats)
-            }
-            Mode::Eagle => {
-                let head = Arc::clone(self.resources.draft.as_ref().ok_or_else(|| unavailable(Mode::Eagle))?);
-                let proposer = engine::speculative::AnyProposer::eagle(head, None, self.resources.datastore.clone());
-                let (g, s) =
-                    engine.generate_speculative(&prompt_ids, &params, self.ctx, self.threads, proposer, on_text)?;
-                let tokens = g.generated_ids.len() as u64;
-                let stats =
-                    DecodeStats { tokens, layers: tokens * self.n_layers as u64, steps: s.target_forwards as u64 };
-                (g, stats)
-            }
-            Mode::Specee => {
-                let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::Specee))?;
-                let (g, s) = engine.generate_specee(&prompt_ids, &params, self.ctx, self.threads, setup, on_text)?;
-                let tokens = g.generated_ids.len() as u64;
-                // Layers per decoded token, scaled to the generated tokens (the first comes from the prompt pass).
-                let layers = if s.tokens > 0 { s.layers as u64 * tokens / s.tokens as u64 } else { 0 };
-                (g, DecodeStats { tokens, layers, steps: tokens })
-            }
-            Mode::SpeceeEagle => {
-                let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::SpeceeEagle))?;
-                let (g, s) = engine.generate_merged(&prompt_ids, &params, self.ctx, self.threads, setup, on_text)?;
-                let tokens = g.generated_ids.len() as u64;
-                // A tree forward runs all its rows to the same depth: each token committed by it counts that depth.
-                let forwards = s.speculative.target_forwards as u64;
-                let layers = (s.layers as u64 * tokens).checked_div(forwards).unwrap_or(0);
-                (g, DecodeStats { tokens, layers, steps: forwards })
-            }
-        };
+        let _ = events.send(Event::Failed(error));
+    }
+
+    /// Records a finished generation (run in `mode`) and sends its answer: the rest of a streamed text, then
+    /// [`Event::Done`]; nothing when the client cancelled it.
+    pub(crate) fn answer(
+        &self,
+        request: &GenerationRequest,
+        events: &UnboundedSender<Event>,
+        mode: Mode,
+        generation: engine::Generation,
+        stats: DecodeStats,
+        holdback: &Holdback,
+    ) {
+        let prompt_tokens = generation.prompt_ids.len();
         let timings = generation.timings;
         let (outcome, finish_reason) = match generation.finish {
             FinishReason::Stop => (Outcome::Stop, "stop"),
@@ -283,9 +361,9 @@ impl Worker {
             FinishReason::Cancelled => (Outcome::Cancelled, ""),
         };
         let speed = (timings.decode_tokens > 1).then(|| timings.decode_tokens_per_s());
-        self.metrics.record_generation(request.mode, outcome, prompt_ids.len(), stats, speed);
+        self.metrics.record_generation(mode, outcome, prompt_tokens, stats, speed);
         if outcome == Outcome::Cancelled {
-            return Ok(());
+            return;
         }
         if request.stream {
             let rest = holdback.finish(&generation.text);
@@ -301,18 +379,17 @@ impl Worker {
             text: generation.text,
             finish_reason,
             usage: Usage {
-                prompt_tokens: prompt_ids.len(),
+                prompt_tokens,
                 completion_tokens,
-                total_tokens: prompt_ids.len() + completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
                 completion_tokens_details,
             },
             info: SpeceeInfo {
-                mode: request.mode.name(),
+                mode: mode.name(),
                 prompt_tokens_per_second: timings.prompt_tokens_per_s(),
                 decode_tokens_per_second: timings.decode_tokens_per_s(),
             },
         };
         let _ = events.send(Event::Done(Box::new(finished)));
-        Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! `specee serve -m PATH [--host 127.0.0.1] [--port 8080] [--mode auto|dense|eagle|specee|specee-eagle] [--parallel N] [--queue N]
-//! [-c CTX] [-t THREADS] [--draft FILE] [--exit FILE]`: the OpenAI-compatible HTTP server (see the `server` crate). Prints
+//! [-c CTX] [-t THREADS] [--kv-budget TOKENS] [--prefix-cache TOKENS] [--prefill-rows N] [--draft FILE] [--exit FILE]`: the OpenAI-compatible HTTP server (see the `server` crate). Prints
 //! `listening on http://ADDR` on stdout once it accepts connections; SIGTERM or ctrl-c drains and stops it.
 
 use super::ModelArgs;
@@ -19,9 +19,23 @@ pub struct Args {
     /// requests when the model has a draft head (the same tokens as dense, sooner), dense for the rest.
     #[arg(long, default_value = "auto")]
     pub mode: String,
-    /// Requests generated at once; threads are shared among them.
+    /// Requests generated at once. From 2 on they are batched: every forward carries the next token of each
+    /// request and chunks of new prompts (continuous batching, decoded as dense rows: lossless), with a KV pool
+    /// and a prefix cache. At 1, each request runs alone in its mode (eagle, specee) on every thread.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
+    /// When batching: tokens of KV cache the admitted requests may reserve together (each reserves its prompt plus
+    /// max_tokens, at most the context); requests beyond it wait. Default: ctx-size × parallel.
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_budget: Option<usize>,
+    /// When batching: tokens of finished requests' KV caches kept so that prompts sharing their prefix (a system
+    /// prompt, the earlier turns of a chat) skip computing it (0: off).
+    #[arg(long, value_name = "TOKENS", default_value_t = 4096)]
+    pub prefix_cache: usize,
+    /// When batching: most prompt tokens one forward prefills (longer prompts go in chunks, between the other
+    /// requests' tokens).
+    #[arg(long, value_name = "N", default_value_t = server::DEFAULT_PREFILL_ROWS)]
+    pub prefill_rows: usize,
     /// Requests that may wait for a free slot; beyond that the server answers 429.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
@@ -102,6 +116,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         queue: a.queue,
         ctx: a.ctx,
         threads: a.model.threads(),
+        kv_budget: a.kv_budget,
+        prefix_cache: a.prefix_cache,
+        prefill_rows: a.prefill_rows,
         body_limit: a.max_body,
         model_id,
         resources,

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Serving benchmark: `specee serve` under C concurrent streaming clients, side by side with llama.cpp's own
+`llama-server` on the same model, threads and prompts (issue #32).
+
+For each concurrency C it sends R requests (`--requests`, default 4 × C, at least 16) from C threads, each an
+official `openai` client streaming a chat completion (greedy, `--max-tokens` N) of the next prompt of the prompt
+file (JSONL with `messages`, as bench/chat-heldout.jsonl), and prints per engine:
+  tok/s       generated tokens of all requests / wall seconds of the whole level (aggregate decode throughput);
+  ×1          that over the same engine's throughput at 1 client;
+  TTFT p50/p99, ITL p50/p99   time to first content chunk and between content chunks, milliseconds;
+and, with --llama-server, specee / llama-server throughput at each C. Generated tokens are the server's own
+`usage.completion_tokens` (stream_options include_usage). One server process per engine serves every level
+(specee: `--parallel max(C)`; llama-server: `-np max(C)` slots of `--ctx` tokens each, continuous batching).
+
+`--prefix` measures the prefix cache instead: a chat whose first turn is >= 1,000 tokens (a long document and a
+question), answered; then a second turn resending the first turn's messages and the answer; the second turn's time
+to first token with `--prefix-cache 0` and with the default cache (median of `--repeat` runs, each on a fresh
+document so no earlier run helps) and their ratio.
+
+Usage: bench/serve_bench.py [-m smollm2] [-t 2] [--clients 1,4,8,16] [--max-tokens 64] [--prompts FILE]
+                            [--llama-server] [--prefix] [--specee target/release/specee]
+Needs: the `openai` package; --llama-server: scripts/build_llama_cpp.sh's llama-server.
+"""
+import argparse
+import json
+import os
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+    "qwen-coder": "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf",
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url, proc, seconds=180):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+class Server:
+    """A server process on a free loopback port; stopped on exit."""
+
+    def __init__(self, cmd, port, name):
+        self.name, self.port = name, port
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if not wait_http(f"http://127.0.0.1:{port}/health", self.proc):
+            err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()[-3:] \
+                if self.proc.poll() is not None else ["no answer on /health"]
+            raise SystemExit(f"{name} did not start: {' | '.join(err)}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def client(self):
+        import openai
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
+                             timeout=600)
+
+
+def specee_server(a, model, parallel, prefix_cache=None):
+    port = free_port()
+    cmd = [a.specee, "serve", "-m", model, "--port", str(port), "-t", str(a.threads), "--parallel", str(parallel),
+           "--queue", "256", "-c", str(a.ctx)]
+    if prefix_cache is not None:
+        cmd += ["--prefix-cache", str(prefix_cache)]
+    return Server(cmd, port, "specee serve")
+
+
+def llama_server(a, model, parallel):
+    path = a.llama_server_path or os.path.join(ROOT, "vendor/llama.cpp-0.3.36/build/bin/llama-server")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} not found: run scripts/build_llama_cpp.sh")
+    port = free_port()
+    cmd = [path, "-m", model, "-t", str(a.threads), "-tb", str(a.threads), "-c", str(a.ctx * parallel),
+           "-np", str(parallel), "--host", "127.0.0.1", "--port", str(port)]
+    return Server(cmd, port, "llama-server")
+
+
+def one_request(client, messages, max_tokens):
+    """Streams one chat completion; returns (completion tokens, ttft s, [inter-chunk s])."""
+    t0 = time.perf_counter()
+    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    first, last, gaps, tokens, chunks = None, None, [], None, 0
+    for chunk in stream:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        if chunk.choices and chunk.choices[0].delta and chunk.choices[0].delta.content:
+            now = time.perf_counter()
+            chunks += 1
+            if first is None:
+                first = now - t0
+            else:
+                gaps.append(now - last)
+            last = now
+    return (tokens if tokens is not None else chunks), (first if first is not None else time.perf_counter() - t0), gaps
+
+
+def run_level(server, prompts, clients, requests, max_tokens):
+    work = queue.Queue()
+    for i in range(requests):
+        work.put(prompts[i % len(prompts)])
+    results, errors, lock = [], [], threading.Lock()
+
+    def worker():
+        client = server.client()
+        while True:
+            try:
+                messages = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                r = one_request(client, messages, max_tokens)
+                with lock:
+                    results.append(r)
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    errors.append(repr(e))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        print(f"  {server.name}: {len(errors)} failed request(s), first: {errors[0]}", file=sys.stderr)
+    tokens = sum(r[0] for r in results)
+    ttft = [r[1] for r in results]
+    gaps = [g for r in results for g in r[2]]
+    return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "requests": len(results),
+            "ttft": ttft, "itl": gaps}
+
+
+def pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+
+def load_prompts(path):
+    with open(path) as f:
+        return [json.loads(l)["messages"] for l in f if l.strip()]
+
+
+def throughput(a, model, prompts):
+    levels = [int(c) for c in a.clients.split(",")]
+    engines = [("specee", lambda: specee_server(a, model, max(levels)))]
+    if a.llama_server:
+        engines.append(("llama-server", lambda: llama_server(a, model, max(levels))))
+    table = {}
+    for name, start in engines:
+        server = start()
+        try:
+            # Warm-up: the head screen, the caches, the page cache.
+            run_level(server, prompts, 1, 2, 16)
+            for c in levels:
+                n = a.requests or max(16, 4 * c)
+                r = run_level(server, prompts, c, n, a.max_tokens)
+                table[(name, c)] = r
+                print(f"  {name} C={c}: {r['requests']} requests, {r['tokens']} tokens in {r['wall']:.1f} s: "
+                      f"{r['tok_s']:.1f} tok/s", file=sys.stderr)
+        finally:
+            server.stop()
+    print(f"\n{os.path.basename(model)}, {a.threads} thread(s), {a.max_tokens} tokens per request at most, greedy, "
+          f"prompts {os.path.relpath(a.prompts, ROOT)}\n")
+    head = "| clients | specee tok/s | ×1 client | TTFT p50 / p99 ms | ITL p50 / p99 ms |"
+    sep = "| ---: | ---: | ---: | ---: | ---: |"
+    if a.llama_server:
+        head += " llama-server tok/s | ×1 client | ITL p50 / p99 ms | specee / llama-server |"
+        sep += " ---: | ---: | ---: | ---: |"
+    print(head)
+    print(sep)
+    for c in levels:
+        s = table[("specee", c)]
+        s1 = table[("specee", levels[0])]["tok_s"]
+        row = (f"| {c} | {s['tok_s']:.1f} | {s['tok_s'] / s1:.2f}× | {pct(s['ttft'], .5):.0f} / {pct(s['ttft'], .99):.0f} "
+               f"| {pct(s['itl'], .5):.1f} / {pct(s['itl'], .99):.1f} |")
+        if a.llama_server:
+            l = table[("llama-server", c)]
+            l1 = table[("llama-server", levels[0])]["tok_s"]
+            row += (f" {l['tok_s']:.1f} | {l['tok_s'] / l1:.2f}× | {pct(l['itl'], .5):.1f} / {pct(l['itl'], .99):.1f} "
+                    f"| {s['tok_s'] / l['tok_s']:.2f}× |")
+        print(row)
+    print(f"\n`bench/serve_bench.py {' '.join(sys.argv[1:])}`")
+
+
+def long_document(words):
+    """A long, varied text from the repository's own docs (deterministic)."""
+    text = []
+    for name in ["README.md", "docs/server.md", "heads/README.md", "bench/README.md"]:
+        p = os.path.join(ROOT, name)
+        if os.path.exists(p):
+            with open(p) as f:
+                text.extend(f.read().split())
+    return " ".join(text[:words])
+
+
+def prefix(a, model):
+    rows = []
+    for cache in [0, None]:
+        server = specee_server(a, model, 2, prefix_cache=cache)
+        try:
+            client = server.client()
+            one_request(client, [{"role": "user", "content": "Hello"}], 4)
+            ttfts = []
+            for r in range(a.repeat):
+                doc = long_document(900 + 40 * r)
+                turn1 = [{"role": "user", "content": f"Read this text:\n\n{doc}\n\nWhat is it about, in one sentence?"}]
+                answer = client.chat.completions.create(model="m", messages=turn1, max_tokens=32, temperature=0)
+                prompt_tokens = answer.usage.prompt_tokens
+                turn2 = turn1 + [{"role": "assistant", "content": answer.choices[0].message.content},
+                                 {"role": "user", "content": "Name one command it mentions."}]
+                _, ttft, _ = one_request(client, turn2, 8)
+                ttfts.append(ttft)
+            rows.append((cache, prompt_tokens, statistics.median(ttfts), min(ttfts), max(ttfts)))
+        finally:
+            server.stop()
+    (_, p, off, off_lo, off_hi), (_, _, on, on_lo, on_hi) = rows
+    print(f"\n{os.path.basename(model)}, {a.threads} thread(s); second chat turn resending a first turn of ~{p} "
+          f"prompt tokens, median of {a.repeat} (min–max)\n")
+    print("| prefix cache | second-turn TTFT ms |")
+    print("| --- | ---: |")
+    print(f"| off (`--prefix-cache 0`) | {off * 1000:.0f} ({off_lo * 1000:.0f}–{off_hi * 1000:.0f}) |")
+    print(f"| on (default) | {on * 1000:.0f} ({on_lo * 1000:.0f}–{on_hi * 1000:.0f}) |")
+    print(f"\nspeed-up of the time to first token: {off / on:.1f}×")
+    print(f"\n`bench/serve_bench.py {' '.join(sys.argv[1:])}`")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default="smollm2", help="smollm2, gemma3, qwen-coder or a GGUF path")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--clients", default="1,4,8,16")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default 4 × clients, >= 16)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--ctx", type=int, default=2048, help="context per request / slot")
+    ap.add_argument("--prompts", default=os.path.join(ROOT, "bench/chat-heldout.jsonl"))
+    ap.add_argument("--llama-server", action="store_true", help="also measure llama.cpp's llama-server")
+    ap.add_argument("--llama-server-path", default=None)
+    ap.add_argument("--prefix", action="store_true", help="measure the prefix cache on a second chat turn")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--specee", default=os.path.join(ROOT, "target/release/specee"))
+    a = ap.parse_args()
+    model = a.model
+    if model in MODELS:
+        model = os.path.join(ROOT, "models", MODELS[model])
+    if not os.path.exists(model):
+        raise SystemExit(f"{model} not found (run `specee generate -m {a.model}` once to fetch a default model)")
+    if a.prefix:
+        prefix(a, model)
+    else:
+        throughput(a, model, load_prompts(a.prompts))
+
+
+if __name__ == "__main__":
+    main()
