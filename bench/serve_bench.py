@@ -5,7 +5,8 @@
 For each concurrency C it sends R requests (`--requests`, default 4 × C, at least 16) from C threads, each an
 official `openai` client streaming a chat completion (greedy, `--max-tokens` N) of the next prompt of the prompt
 file (JSONL with `messages`, as bench/chat-heldout.jsonl), and prints per engine:
-  tok/s       generated tokens of all requests / wall seconds of the whole level (aggregate decode throughput);
+  tok/s       generated tokens of all requests / wall seconds of the whole level (aggregate decode throughput),
+              median of `--rounds` runs (default 3, alternating over the levels) with min–max;
   ×1          that over the same engine's throughput at 1 client;
   TTFT p50/p99, ITL p50/p99   time to first content chunk and between content chunks, milliseconds;
 and, with --llama-server, specee / llama-server throughput at each C. Generated tokens are the server's own
@@ -83,7 +84,7 @@ class Server:
     def client(self):
         import openai
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
-                             timeout=600)
+                             timeout=300)
 
 
 def specee_server(a, model, parallel, prefix_cache=None):
@@ -101,7 +102,7 @@ def llama_server(a, model, parallel):
         raise SystemExit(f"{path} not found: run scripts/build_llama_cpp.sh")
     port = free_port()
     cmd = [path, "-m", model, "-t", str(a.threads), "-tb", str(a.threads), "-c", str(a.ctx * parallel),
-           "-np", str(parallel), "--host", "127.0.0.1", "--port", str(port)]
+           "-np", str(parallel), "--threads-http", str(parallel + 4), "--host", "127.0.0.1", "--port", str(port)]
     return Server(cmd, port, "llama-server")
 
 
@@ -185,16 +186,24 @@ def throughput(a, model, prompts):
         try:
             # Warm-up: the head screen, the caches, the page cache.
             run_level(server, prompts, 1, 2, 16)
+            # Rounds alternate over the levels, so that a slow spell of the machine does not hit one level only.
+            for rnd in range(a.rounds):
+                for c in levels:
+                    n = a.requests or max(16, 4 * c)
+                    r = run_level(server, prompts, c, n, a.max_tokens)
+                    prev = table.setdefault((name, c), {"runs": [], "ttft": [], "itl": []})
+                    prev["runs"].append(r["tok_s"])
+                    prev["ttft"] += r["ttft"]
+                    prev["itl"] += r["itl"]
+                    print(f"  {name} round {rnd + 1} C={c}: {r['requests']} requests, {r['tokens']} tokens in "
+                          f"{r['wall']:.1f} s: {r['tok_s']:.1f} tok/s", file=sys.stderr)
             for c in levels:
-                n = a.requests or max(16, 4 * c)
-                r = run_level(server, prompts, c, n, a.max_tokens)
-                table[(name, c)] = r
-                print(f"  {name} C={c}: {r['requests']} requests, {r['tokens']} tokens in {r['wall']:.1f} s: "
-                      f"{r['tok_s']:.1f} tok/s", file=sys.stderr)
+                t = table[(name, c)]
+                t["tok_s"] = statistics.median(t["runs"])
         finally:
             server.stop()
     print(f"\n{os.path.basename(model)}, {a.threads} thread(s), {a.max_tokens} tokens per request at most, greedy, "
-          f"prompts {os.path.relpath(a.prompts, ROOT)}\n")
+          f"prompts {os.path.relpath(a.prompts, ROOT)}; tok/s: median of {a.rounds} rounds (min–max)\n")
     head = "| clients | specee tok/s | ×1 client | TTFT p50 / p99 ms | ITL p50 / p99 ms |"
     sep = "| ---: | ---: | ---: | ---: | ---: |"
     if a.llama_server:
@@ -205,12 +214,13 @@ def throughput(a, model, prompts):
     for c in levels:
         s = table[("specee", c)]
         s1 = table[("specee", levels[0])]["tok_s"]
-        row = (f"| {c} | {s['tok_s']:.1f} | {s['tok_s'] / s1:.2f}× | {pct(s['ttft'], .5):.0f} / {pct(s['ttft'], .99):.0f} "
+        spread = lambda t: f"{t['tok_s']:.1f} ({min(t['runs']):.0f}–{max(t['runs']):.0f})"
+        row = (f"| {c} | {spread(s)} | {s['tok_s'] / s1:.2f}× | {pct(s['ttft'], .5):.0f} / {pct(s['ttft'], .99):.0f} "
                f"| {pct(s['itl'], .5):.1f} / {pct(s['itl'], .99):.1f} |")
         if a.llama_server:
             l = table[("llama-server", c)]
             l1 = table[("llama-server", levels[0])]["tok_s"]
-            row += (f" {l['tok_s']:.1f} | {l['tok_s'] / l1:.2f}× | {pct(l['itl'], .5):.1f} / {pct(l['itl'], .99):.1f} "
+            row += (f" {spread(l)} | {l['tok_s'] / l1:.2f}× | {pct(l['itl'], .5):.1f} / {pct(l['itl'], .99):.1f} "
                     f"| {s['tok_s'] / l['tok_s']:.2f}× |")
         print(row)
     print(f"\n`bench/serve_bench.py {' '.join(sys.argv[1:])}`")
@@ -265,6 +275,7 @@ def main():
     ap.add_argument("--clients", default="1,4,8,16")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default 4 × clients, >= 16)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every level (median reported)")
     ap.add_argument("--ctx", type=int, default=2048, help="context per request / slot")
     ap.add_argument("--prompts", default=os.path.join(ROOT, "bench/chat-heldout.jsonl"))
     ap.add_argument("--llama-server", action="store_true", help="also measure llama.cpp's llama-server")

@@ -176,6 +176,43 @@ impl Attention<'_> {
         });
     }
 
+    /// The attention of several sequences of one batched layer ([`crate::Model::layer_batch`]) in one parallel
+    /// region: their tasks are numbered one sequence after another and split over the pool as
+    /// [`Attention::run_split`] splits one sequence's, instead of one region per sequence (a batch of 32 decode
+    /// rows paid 32 regions per layer, each too small to keep two threads busy). Each task computes exactly what it
+    /// computes in its own sequence's region. `scratch` holds `min(threads, MAX_SHARES) · SCRATCH_PER_SLOT ·
+    /// max(total)` floats.
+    pub(crate) fn run_many(jobs: &[Attention<'_>], pool: &kernels::ThreadPool, scratch: &mut [f32]) {
+        if let [one] = jobs {
+            return one.run_split(pool, scratch);
+        }
+        let threads = pool.n_threads();
+        let hpts: Vec<usize> = jobs.iter().map(|j| j.heads_per_task(threads)).collect();
+        let mut starts = Vec::with_capacity(jobs.len() + 1);
+        starts.push(0);
+        for (j, &hpt) in jobs.iter().zip(&hpts) {
+            starts.push(starts.last().copied().unwrap_or(0) + j.n * j.n_head / hpt);
+        }
+        let n_tasks = starts[jobs.len()];
+        let per_thread_scratch = SCRATCH_PER_SLOT * jobs.iter().map(|j| j.total).max().unwrap_or(0);
+        let shares = threads.min(n_tasks).min(MAX_SHARES);
+        assert!(scratch.len() >= shares.max(1) * per_thread_scratch, "attention scratch too small");
+        let sc = SharedMut(scratch.as_mut_ptr());
+        pool.run_shares(n_tasks, n_tasks.div_ceil(shares.max(1) * 4), &|me, tasks| {
+            // SAFETY: each share owns its scratch slice, and one share runs on one thread at a time.
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(sc.get().add(me * per_thread_scratch), per_thread_scratch) };
+            let mut t = tasks.start;
+            while t < tasks.end {
+                let j = starts.partition_point(|&s| s <= t) - 1;
+                let end = tasks.end.min(starts[j + 1]);
+                let need = SCRATCH_PER_SLOT * jobs[j].total;
+                jobs[j].run(t - starts[j]..end - starts[j], hpts[j], &mut sc[..need]);
+                t = end;
+            }
+        });
+    }
+
     /// The tasks, with `dot` a query's dot product with one f16 key, `dot8` the same for each of a task's
     /// queries with eight keys (each bit-identical to `dot`), `exp_sum` [`exp_sum`] and `weigh` [`weigh`] for each
     /// of a task's queries, or their vector versions.

@@ -157,6 +157,10 @@ impl KvCache {
         Ok(())
     }
 
+    pub(crate) fn layer(&self, layer: usize) -> &LayerCache {
+        &self.layers[layer]
+    }
+
     pub(crate) fn layer_mut(&mut self, layer: usize) -> &mut LayerCache {
         &mut self.layers[layer]
     }

@@ -291,16 +291,21 @@ impl Model {
         let n_threads = ws.pool.n_threads();
         let mut row0 = 0;
         for s in seqs.iter_mut() {
-            let m = s.positions.len();
-            let base = s.kv.len(il);
-            let total = base + m;
             self.append_kv(il, s.positions, row0, s.kv, ws);
-
-            // Attention: tasks of a row and one or more heads of a KV group, split over the pool by KV head.
-            // Per thread: every position's score and slot (see `Attention::run_split`).
-            grow(&mut ws.scores, n_threads.min(MAX_SHARES) * SCRATCH_PER_SLOT * total);
-            let lc = s.kv.layer_mut(il);
-            let job = Attention {
+            row0 += s.positions.len();
+        }
+        // Attention: tasks of a row and one or more heads of a KV group, split over the pool by KV head, every
+        // sequence's in one parallel region. Per thread: every position's score and slot (see
+        // `Attention::run_split`).
+        let longest = seqs.iter().map(|s| s.kv.len(il)).max().unwrap_or(0);
+        grow(&mut ws.scores, n_threads.min(MAX_SHARES) * SCRATCH_PER_SLOT * longest);
+        let mut jobs = Vec::with_capacity(seqs.len());
+        let mut row0 = 0;
+        for s in seqs.iter() {
+            let m = s.positions.len();
+            let total = s.kv.len(il);
+            let lc = s.kv.layer(il);
+            jobs.push(Attention {
                 q: &ws.q[row0 * qd..(row0 + m) * qd],
                 kc: &lc.k[..],
                 vc: &lc.v[..],
@@ -308,7 +313,7 @@ impl Model {
                 positions: s.positions,
                 mask: s.mask,
                 window,
-                base,
+                base: total - m,
                 total,
                 n: m,
                 qd,
@@ -322,10 +327,11 @@ impl Model {
                 scale: c.attn_scale,
                 // SAFETY of the offset: `ws.att` holds `n × att_d` floats and these rows are within it.
                 att: SharedMut(ws.att[row0 * att_d..].as_mut_ptr()),
-            };
-            job.run_split(&ws.pool, &mut ws.scores);
+            });
             row0 += m;
         }
+        Attention::run_many(&jobs, &ws.pool, &mut ws.scores);
+        drop(jobs);
 
         let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);
