@@ -4,7 +4,8 @@
 
 For each concurrency C it sends R requests (`--requests`, default 4 × C, at least 16) from C threads, each an
 official `openai` client streaming a chat completion (greedy, `--max-tokens` N) of the next prompt of the prompt
-file (JSONL with `messages`, as bench/chat-heldout.jsonl), and prints per engine:
+file (JSONL with `messages`, as bench/chat-heldout.jsonl, or raw `prompt`s sent to completions, as
+bench/plain-heldout.jsonl for Gemma 3, which has no chat template), and prints per engine:
   tok/s       generated tokens of all requests / wall seconds of the whole level (aggregate decode throughput),
               median of `--rounds` runs (default 3, alternating over the levels) with min–max;
   ×1          that over the same engine's throughput at 1 client;
@@ -19,7 +20,8 @@ to first token with `--prefix-cache 0` and with the default cache (median of `--
 document so no earlier run helps) and their ratio.
 
 Usage: bench/serve_bench.py [-m smollm2] [-t 2] [--clients 1,4,8,16] [--max-tokens 64] [--prompts FILE]
-                            [--llama-server] [--prefix] [--specee target/release/specee]
+                            [--llama-server [--llama-clients 1,4,8]] [--prefix [--plain]] [--rounds 3]
+                            [--specee target/release/specee]
 Needs: the `openai` package; --llama-server: scripts/build_llama_cpp.sh's llama-server.
 """
 import argparse
@@ -84,7 +86,7 @@ class Server:
     def client(self):
         import openai
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
-                             timeout=300)
+                             timeout=90)
 
 
 def specee_server(a, model, parallel, prefix_cache=None):
@@ -106,16 +108,23 @@ def llama_server(a, model, parallel):
     return Server(cmd, port, "llama-server")
 
 
-def one_request(client, messages, max_tokens):
-    """Streams one chat completion; returns (completion tokens, ttft s, [inter-chunk s])."""
+def one_request(client, item, max_tokens):
+    """Streams one completion of `item` (a list of chat messages, or a raw prompt string for models without a chat
+    template); returns (completion tokens, ttft s, [inter-chunk s])."""
     t0 = time.perf_counter()
-    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    common = dict(model="m", max_tokens=max_tokens, temperature=0, stream=True,
+                  stream_options={"include_usage": True})
+    if isinstance(item, str):
+        stream = client.completions.create(prompt=item, **common)
+    else:
+        stream = client.chat.completions.create(messages=item, **common)
     first, last, gaps, tokens, chunks = None, None, [], None, 0
     for chunk in stream:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-        if chunk.choices and chunk.choices[0].delta and chunk.choices[0].delta.content:
+        c = chunk.choices[0] if chunk.choices else None
+        text = (c.text if isinstance(item, str) else (c.delta.content if c.delta else None)) if c else None
+        if text:
             now = time.perf_counter()
             chunks += 1
             if first is None:
@@ -160,7 +169,7 @@ def run_level(server, prompts, clients, requests, max_tokens):
     ttft = [r[1] for r in results]
     gaps = [g for r in results for g in r[2]]
     return {"tok_s": tokens / wall, "tokens": tokens, "wall": wall, "requests": len(results),
-            "ttft": ttft, "itl": gaps}
+            "ttft": ttft, "itl": gaps, "failed": len(errors)}
 
 
 def pct(xs, q):
@@ -171,35 +180,43 @@ def pct(xs, q):
 
 
 def load_prompts(path):
+    """Chat messages (`{"messages": [...]}` lines) or raw prompts (`{"prompt": "..."}`, completions)."""
     with open(path) as f:
-        return [json.loads(l)["messages"] for l in f if l.strip()]
+        rows = [json.loads(l) for l in f if l.strip()]
+    return [r["messages"] if "messages" in r else r["prompt"] for r in rows]
 
 
 def throughput(a, model, prompts):
     levels = [int(c) for c in a.clients.split(",")]
-    engines = [("specee", lambda: specee_server(a, model, max(levels)))]
+    llama_levels = [int(c) for c in a.llama_clients.split(",")] if a.llama_clients else levels
+    engines = [("specee", lambda: specee_server(a, model, max(levels)), levels)]
     if a.llama_server:
-        engines.append(("llama-server", lambda: llama_server(a, model, max(levels))))
+        engines.append(("llama-server", lambda: llama_server(a, model, max(llama_levels)), llama_levels))
     table = {}
-    for name, start in engines:
+    for name, start, levels_here in engines:
         server = start()
         try:
             # Warm-up: the head screen, the caches, the page cache.
             run_level(server, prompts, 1, 2, 16)
             # Rounds alternate over the levels, so that a slow spell of the machine does not hit one level only.
             for rnd in range(a.rounds):
-                for c in levels:
+                for c in levels_here:
                     n = a.requests or max(16, 4 * c)
                     r = run_level(server, prompts, c, n, a.max_tokens)
-                    prev = table.setdefault((name, c), {"runs": [], "ttft": [], "itl": []})
+                    prev = table.setdefault((name, c), {"runs": [], "ttft": [], "itl": [], "stalled": 0})
+                    if r["failed"]:
+                        # A round with requests that failed (llama-server 0.3.36 stalls under concurrent streams,
+                        # then the client times out) measures the stall, not the throughput: left out, counted.
+                        prev["stalled"] += 1
+                        continue
                     prev["runs"].append(r["tok_s"])
                     prev["ttft"] += r["ttft"]
                     prev["itl"] += r["itl"]
                     print(f"  {name} round {rnd + 1} C={c}: {r['requests']} requests, {r['tokens']} tokens in "
                           f"{r['wall']:.1f} s: {r['tok_s']:.1f} tok/s", file=sys.stderr)
-            for c in levels:
+            for c in levels_here:
                 t = table[(name, c)]
-                t["tok_s"] = statistics.median(t["runs"])
+                t["tok_s"] = statistics.median(t["runs"]) if t["runs"] else float("nan")
         finally:
             server.stop()
     print(f"\n{os.path.basename(model)}, {a.threads} thread(s), {a.max_tokens} tokens per request at most, greedy, "
@@ -214,12 +231,15 @@ def throughput(a, model, prompts):
     for c in levels:
         s = table[("specee", c)]
         s1 = table[("specee", levels[0])]["tok_s"]
-        spread = lambda t: f"{t['tok_s']:.1f} ({min(t['runs']):.0f}–{max(t['runs']):.0f})"
+        spread = lambda t: (f"{t['tok_s']:.1f} ({min(t['runs']):.0f}–{max(t['runs']):.0f})" if t["runs"] else "—") + \
+            (f" [{t['stalled']} round(s) stalled]" if t["stalled"] else "")
         row = (f"| {c} | {spread(s)} | {s['tok_s'] / s1:.2f}× | {pct(s['ttft'], .5):.0f} / {pct(s['ttft'], .99):.0f} "
                f"| {pct(s['itl'], .5):.1f} / {pct(s['itl'], .99):.1f} |")
-        if a.llama_server:
+        if a.llama_server and ("llama-server", c) not in table:
+            row += " not run | | | |"
+        elif a.llama_server:
             l = table[("llama-server", c)]
-            l1 = table[("llama-server", levels[0])]["tok_s"]
+            l1 = table[("llama-server", llama_levels[0])]["tok_s"]
             row += (f" {spread(l)} | {l['tok_s'] / l1:.2f}× | {pct(l['itl'], .5):.1f} / {pct(l['itl'], .99):.1f} "
                     f"| {s['tok_s'] / l['tok_s']:.2f}× |")
         print(row)
@@ -243,15 +263,22 @@ def prefix(a, model):
         server = specee_server(a, model, 2, prefix_cache=cache)
         try:
             client = server.client()
-            one_request(client, [{"role": "user", "content": "Hello"}], 4)
+            one_request(client, "User: Hello\nAssistant:" if a.plain else [{"role": "user", "content": "Hello"}], 4)
             ttfts = []
             for r in range(a.repeat):
                 doc = long_document(900 + 40 * r)
-                turn1 = [{"role": "user", "content": f"Read this text:\n\n{doc}\n\nWhat is it about, in one sentence?"}]
-                answer = client.chat.completions.create(model="m", messages=turn1, max_tokens=32, temperature=0)
+                question = f"Read this text:\n\n{doc}\n\nWhat is it about, in one sentence?"
+                if a.plain:
+                    # A model without a chat template: the conversation as raw text (completions).
+                    turn1 = f"User: {question}\nAssistant:"
+                    answer = client.completions.create(model="m", prompt=turn1, max_tokens=32, temperature=0)
+                    turn2 = f"{turn1}{answer.choices[0].text}\nUser: Name one command it mentions.\nAssistant:"
+                else:
+                    turn1 = [{"role": "user", "content": question}]
+                    answer = client.chat.completions.create(model="m", messages=turn1, max_tokens=32, temperature=0)
+                    turn2 = turn1 + [{"role": "assistant", "content": answer.choices[0].message.content},
+                                     {"role": "user", "content": "Name one command it mentions."}]
                 prompt_tokens = answer.usage.prompt_tokens
-                turn2 = turn1 + [{"role": "assistant", "content": answer.choices[0].message.content},
-                                 {"role": "user", "content": "Name one command it mentions."}]
                 _, ttft, _ = one_request(client, turn2, 8)
                 ttfts.append(ttft)
             rows.append((cache, prompt_tokens, statistics.median(ttfts), min(ttfts), max(ttfts)))
@@ -280,7 +307,12 @@ def main():
     ap.add_argument("--prompts", default=os.path.join(ROOT, "bench/chat-heldout.jsonl"))
     ap.add_argument("--llama-server", action="store_true", help="also measure llama.cpp's llama-server")
     ap.add_argument("--llama-server-path", default=None)
+    ap.add_argument("--llama-clients", default=None,
+                    help="llama-server's concurrency levels (default: --clients); 0.3.36 stalled at 16 streaming "
+                         "clients on this machine (no progress for minutes, idle, in two runs)")
     ap.add_argument("--prefix", action="store_true", help="measure the prefix cache on a second chat turn")
+    ap.add_argument("--plain", action="store_true",
+                    help="--prefix through completions with `User:`/`Assistant:` text (models without a chat template)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--specee", default=os.path.join(ROOT, "target/release/specee"))
     a = ap.parse_args()
