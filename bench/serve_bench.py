@@ -28,41 +28,20 @@ import argparse
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from llama_server_bench import free_port, wait_ready  # noqa: E402 - the same helpers as `specee bench --llama-cpp`
 MODELS = {
     "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
     "qwen-coder": "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf",
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url, proc, seconds=180):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
 
 
 class Server:
@@ -71,7 +50,7 @@ class Server:
     def __init__(self, cmd, port, name):
         self.name, self.port = name, port
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if not wait_http(f"http://127.0.0.1:{port}/health", self.proc):
+        if not wait_ready(port, self.proc, seconds=180):
             err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()[-3:] \
                 if self.proc.poll() is not None else ["no answer on /health"]
             raise SystemExit(f"{name} did not start: {' | '.join(err)}")

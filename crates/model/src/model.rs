@@ -331,7 +331,6 @@ impl Model {
             row0 += m;
         }
         Attention::run_many(&jobs, &ws.pool, &mut ws.scores);
-        drop(jobs);
 
         let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);

@@ -373,7 +373,15 @@ impl Batcher {
             }
             feeds.push(rows.to_vec());
         }
-        let in_step: Vec<usize> = (0..active.len()).filter(|&i| !feeds[i].is_empty()).collect();
+        // The requests with rows in this forward, their rows and their caches.
+        let mut in_step: Vec<usize> = Vec::with_capacity(active.len());
+        let mut kvs: Vec<&mut KvCache> = Vec::with_capacity(active.len());
+        for (i, (a, rows)) in active.iter_mut().zip(&feeds).enumerate() {
+            if !rows.is_empty() {
+                in_step.push(i);
+                kvs.push(&mut a.kv);
+            }
+        }
         if in_step.is_empty() {
             return Ok(());
         }
@@ -381,17 +389,8 @@ impl Batcher {
         let rows: usize = tokens.iter().map(|t| t.len()).sum();
         metrics.observe(Observe::BatchRows, rows as f64);
         metrics.observe(Observe::BatchSequences, in_step.len() as f64);
-        {
-            let mut kvs: Vec<&mut KvCache> = Vec::with_capacity(in_step.len());
-            let mut it = in_step.iter().peekable();
-            for (i, a) in active.iter_mut().enumerate() {
-                if it.peek() == Some(&&i) {
-                    it.next();
-                    kvs.push(&mut a.kv);
-                }
-            }
-            model.forward_batch(&tokens, &mut kvs, ws, hidden).map_err(engine::EngineError::from)?;
-        }
+        model.forward_batch(&tokens, &mut kvs, ws, hidden).map_err(engine::EngineError::from)?;
+        drop(kvs); // The caches are read through `active` again below.
 
         // Requests that now need their next token: the last row of each whose prompt is complete.
         let mut row_end = 0;

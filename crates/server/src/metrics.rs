@@ -145,6 +145,18 @@ struct Counters {
     prefix_lookups: u64,
 }
 
+impl Counters {
+    fn histogram_mut(&mut self, what: Observe) -> &mut Histogram {
+        match what {
+            Observe::QueueWait => &mut self.queue_wait,
+            Observe::FirstToken => &mut self.first_token,
+            Observe::InterToken => &mut self.inter_token,
+            Observe::BatchRows => &mut self.batch_rows,
+            Observe::BatchSequences => &mut self.batch_sequences,
+        }
+    }
+}
+
 /// The server's metrics; shared by handlers and workers.
 pub struct Metrics {
     counters: Mutex<Counters>,
@@ -201,15 +213,7 @@ impl Metrics {
 
     /// Adds an observation to one of the latency or batch histograms.
     pub fn observe(&self, what: Observe, value: f64) {
-        let mut c = self.counters();
-        let h = match what {
-            Observe::QueueWait => &mut c.queue_wait,
-            Observe::FirstToken => &mut c.first_token,
-            Observe::InterToken => &mut c.inter_token,
-            Observe::BatchRows => &mut c.batch_rows,
-            Observe::BatchSequences => &mut c.batch_sequences,
-        };
-        h.observe(value);
+        self.counters().histogram_mut(what).observe(value);
     }
 
     /// Counts one prefix-cache lookup that reused `hit_tokens` prompt tokens (0: a miss).
@@ -221,14 +225,7 @@ impl Metrics {
 
     /// A copy of one histogram (for tests and summaries).
     pub fn histogram(&self, what: Observe) -> Histogram {
-        let c = self.counters();
-        match what {
-            Observe::QueueWait => c.queue_wait.clone(),
-            Observe::FirstToken => c.first_token.clone(),
-            Observe::InterToken => c.inter_token.clone(),
-            Observe::BatchRows => c.batch_rows.clone(),
-            Observe::BatchSequences => c.batch_sequences.clone(),
-        }
+        self.counters().histogram_mut(what).clone()
     }
 
     /// Counts one generation that ran (fully or not).

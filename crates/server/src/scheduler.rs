@@ -57,7 +57,7 @@ pub struct Job {
 /// Sizes of the scheduler.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Requests generated at once (worker threads).
+    /// Requests generated at once (more than one only when batching).
     pub parallel: usize,
     /// Requests that may wait beyond those.
     pub queue: usize,
@@ -107,7 +107,7 @@ impl Scheduler {
         config: &SchedulerConfig,
     ) -> Result<Scheduler, ServerError> {
         let (sender, receiver) = mpsc::channel::<Job>();
-        let receiver = Arc::new(Mutex::new(receiver));
+        let receiver = Mutex::new(receiver);
         let admitted = Arc::new(AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             n_layers: engine.model.config.n_layers,
@@ -117,29 +117,22 @@ impl Scheduler {
             reasoning: config.reasoning.clone(),
             admitted: Arc::clone(&admitted),
         });
-        let mut workers = Vec::new();
-        if let Some(batch) = &config.batch {
-            let batcher = crate::batch::Batcher::new(Arc::clone(&shared), batch.clone());
-            let receiver = Arc::clone(&receiver);
-            let handle = std::thread::Builder::new()
-                .name("specee-batch".into())
-                .spawn(move || batcher.run(&receiver))
-                .map_err(|e| ServerError::Config(format!("cannot start the batching thread: {e}")))?;
-            workers.push(handle);
-        }
-        for index in 0..if config.batch.is_some() { 0 } else { config.parallel.max(1) } {
-            let worker = Worker {
-                shared: Arc::clone(&shared),
-                resources: Arc::clone(&resources),
-                threads: config.threads_per_request.max(1),
-            };
-            let receiver = Arc::clone(&receiver);
-            let handle = std::thread::Builder::new()
-                .name(format!("specee-generate-{index}"))
-                .spawn(move || worker.run(&receiver))
-                .map_err(|e| ServerError::Config(format!("cannot start generation thread {index}: {e}")))?;
-            workers.push(handle);
-        }
+        // Batching: one thread runs every request. Otherwise (`--parallel 1`) one worker runs them one at a time.
+        let (name, run): (String, Box<dyn FnOnce() + Send>) = match &config.batch {
+            Some(batch) => {
+                let batcher = crate::batch::Batcher::new(Arc::clone(&shared), batch.clone());
+                ("specee-batch".into(), Box::new(move || batcher.run(&receiver)))
+            }
+            None => {
+                let worker = Worker { shared, resources, threads: config.threads_per_request.max(1) };
+                ("specee-generate".into(), Box::new(move || worker.run(&receiver)))
+            }
+        };
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(run)
+            .map_err(|e| ServerError::Config(format!("cannot start the generation thread {name}: {e}")))?;
+        let workers = vec![handle];
         Ok(Scheduler {
             sender: Mutex::new(Some(sender)),
             workers: Mutex::new(workers),
