@@ -16,6 +16,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt (streams to stdout, speeds to stderr).
     Generate(cmd::generate::Args),
+    /// Talk with the model in the terminal (multi-turn, its chat template, the KV cache kept between turns).
+    Chat(cmd::chat::Args),
     /// Print the token ids of a text.
     Tokenize(cmd::tokenize::Args),
     /// Perplexity of a text file, computed as llama.cpp's perplexity tool does.
@@ -46,6 +48,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Fetch(a) => cmd::fetch::run(a),

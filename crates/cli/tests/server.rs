@@ -709,3 +709,83 @@ fn second_chat_turn_reuses_the_first_turns_cache_and_answers_the_same() {
     }
     assert_eq!(answers[0], answers[1]);
 }
+
+/// Runs `tests/server/browser_chat.py` (headless Chromium driving the chat page) against `server`; its JSON.
+fn browser(server: &Server, args: &[&str]) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/server/browser_chat.py");
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let mut cmd = Command::new(python());
+    cmd.arg(&script)
+        .arg(&base)
+        .args(args)
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    let out = cmd.output().expect("run browser_chat.py");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser_chat.py {args:?} failed (needs Debian's chromium; .ci/run installs it):\n{log}"
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("browser_chat.py printed no JSON ({e}): {log}"))
+}
+
+#[test]
+fn chat_page_in_a_real_browser_streams_the_greedy_answer_with_every_tokens_provenance() {
+    let server = Server::start(&[]);
+    let page = server.request("GET", "/", b"");
+    assert_eq!(page.status, 200);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"));
+    assert!(
+        !page.body.contains("http://") && !page.body.contains("https://"),
+        "the page must fetch nothing from elsewhere"
+    );
+    let message = "Write a Python function that adds two numbers.";
+    for mode in ["eagle", "specee-eagle"] {
+        // The API's own greedy answer to the same conversation.
+        let r = server.post_json(
+            "/v1/chat/completions",
+            &json!({"model": "x", "messages": [{"role": "user", "content": message}], "max_tokens": 40,
+                    "temperature": 0, "specee": {"mode": mode}}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        let api = r.json();
+        let want = api["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let n = api["usage"]["completion_tokens"].as_u64().unwrap();
+        let v = browser(&server, &["send", message, "--mode", mode, "--max-tokens", "40"]);
+        assert_eq!(v["error"], Value::Null, "{v}");
+        assert_eq!(v["content"].as_str().unwrap(), want, "{mode}: the page's answer differs from the API's");
+        // Every answer token has its span, and the spans spell the answer.
+        let spans = v["spans"].as_array().unwrap();
+        assert_eq!(v["tokens"].as_u64().unwrap(), n, "{v}");
+        assert_eq!(spans.len() as u64, n, "{mode}: one span per answer token");
+        let spelled: String = spans.iter().map(|s| s["text"].as_str().unwrap()).collect();
+        assert_eq!(spelled, want);
+        let sources: Vec<&str> = spans.iter().map(|s| s["source"].as_str().unwrap()).collect();
+        assert!(sources.iter().all(|s| ["plain", "draft", "lookup", "bonus"].contains(s)), "{sources:?}");
+        assert!(sources.iter().any(|s| *s != "plain"), "{mode}: no token came from a draft: {sources:?}");
+        let layers: Vec<u64> = spans.iter().map(|s| s["layers"].as_u64().unwrap()).collect();
+        assert!(layers.iter().all(|&l| (1..=30).contains(&l)), "{layers:?}");
+        if mode == "eagle" {
+            assert!(layers.iter().all(|&l| l == 30), "eagle runs every layer: {layers:?}");
+        }
+        assert!(v["stats"].as_str().unwrap().starts_with(mode), "{v}");
+    }
+    // Clients that do not ask get standard chunks.
+    let r = server.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "x", "messages": [{"role": "user", "content": message}], "max_tokens": 4, "stream": true}),
+    );
+    assert!(r.body.contains("chat.completion.chunk") && !r.body.contains("\"specee\""), "{}", r.body);
+}
+
+#[test]
+fn a_browser_tab_closed_mid_stream_frees_the_slot() {
+    let server = Server::start(&[]);
+    let v = browser(&server, &["close-mid-stream", "Tell me a long story about a dragon.", "--max-tokens", "2000"]);
+    assert_eq!(v["closed"], true);
+    server.wait_idle(Duration::from_secs(60));
+    assert_eq!(server.metric("specee_requests_in_flight"), 0.0);
+    // The server answers the next request at once.
+    let r = server.post_json("/v1/chat/completions", &chat_body(4));
+    assert_eq!(r.status, 200, "{r:?}");
+}

@@ -7,7 +7,7 @@
 
 use crate::error::EngineError;
 use crate::perplexity::{log_prob, text_chunks};
-use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
+use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation, TokenSource};
 use crate::speculative::{shipped_path, tree_capacity};
 use decode::sampling::argmax;
 use decode::specee::{ExitPredictors, MergedDecoder, MergedStats, SpecEeConfig, SpecEeDecoder, SpecEeStats};
@@ -80,7 +80,7 @@ impl SpecEeSetup {
 use crate::speculative::speculative_error as specee_error;
 
 /// Early exit has no full distribution to sample from: refuse sampling for `mode`.
-fn greedy_only(params: &GenerateParams, mode: &str) -> Result<(), EngineError> {
+pub(crate) fn greedy_only(params: &GenerateParams, mode: &str) -> Result<(), EngineError> {
     if params.sampling.is_greedy() {
         Ok(())
     } else {
@@ -98,19 +98,34 @@ impl Engine {
         ctx: usize,
         threads: usize,
         setup: &SpecEeSetup,
-        mut on_text: impl FnMut(&str) -> bool,
+        on_text: impl FnMut(&str) -> bool,
     ) -> Result<(Generation, SpecEeStats), EngineError> {
         greedy_only(params, "specee")?;
         check_prompt(prompt_ids, ctx)?;
         let capacity = (prompt_ids.len() + params.max_tokens).min(ctx);
         let mut dec = setup.decoder(self, capacity, threads);
+        let g = self.decode_specee(&mut dec, prompt_ids, params, on_text)?;
+        Ok((g, *dec.stats()))
+    }
+
+    /// The `specee` generation loop: feeds `prompt_ids` (every layer) after what `dec` holds, then steps with
+    /// early exit until the stop rules, `params.max_tokens` or `dec`'s capacity end it.
+    pub(crate) fn decode_specee(
+        &self,
+        dec: &mut SpecEeDecoder<'_>,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let capacity = dec.capacity();
         let mut out = Emitter::new(self, params, prompt_ids.len());
         let t0 = Instant::now();
         let mut next = dec.feed(prompt_ids).map_err(specee_error)?;
+        let mut layers = self.model.config.n_layers;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         while out.generated.len() < params.max_tokens {
-            if !out.push(next, &mut on_text) {
+            if !out.push_traced(next, TokenSource::Plain, layers, &mut on_text) {
                 break;
             }
             if out.generated.len() == params.max_tokens {
@@ -120,10 +135,10 @@ impl Engine {
                 out.finish = crate::FinishReason::ContextFull;
                 break;
             }
-            next = dec.step(next, false).map_err(specee_error)?.token;
+            let step = dec.step(next, false).map_err(specee_error)?;
+            (next, layers) = (step.token, step.layers);
         }
-        let stats = *dec.stats();
-        Ok((out.finish(prompt_ids, t1, &mut on_text), stats))
+        Ok(out.finish(prompt_ids, t1, &mut on_text))
     }
 
     /// [`Engine::generate`] with `--mode specee-eagle`: EAGLE tree speculative decoding whose tree forward

@@ -9,10 +9,12 @@
 //!    evaluation behind `specee eval`.
 //! 6. [`reasoning`]: reasoning profiles (how a model is asked to reason, where its reasoning ends, its final
 //!    answer), for `generate --reasoning`, `eval-reasoning` and the server's reasoning token counts.
-//! 7. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
+//! 7. [`conversation`]: multi-turn chat with the KV cache kept between turns (`specee chat`).
+//! 8. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
 //!    that trained artifacts record and are checked against on load.
 
 pub mod bench;
+pub mod conversation;
 pub mod early_exit;
 pub mod error;
 pub mod fetch;
@@ -25,7 +27,9 @@ pub mod signals;
 pub mod speculative;
 
 pub use error::EngineError;
-pub use session::{Emitter, Engine, FinishReason, GenerateParams, Generation, Timings};
+pub use session::{
+    Emitter, Engine, FinishReason, GenerateParams, Generation, Timings, TokenSource, TokenTrace, TraceSink,
+};
 
 use std::path::PathBuf;
 

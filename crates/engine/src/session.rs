@@ -25,13 +25,63 @@ pub struct GenerateParams {
     pub stop_at_eog: bool,
     /// Stop strings: generation ends when the text contains one (it is cut off).
     pub stop: Vec<String>,
+    /// Where each generated token came from is appended here, just before its text reaches the `on_text`
+    /// callback (the chat page and `specee chat` show it); `None`: not recorded.
+    pub trace: Option<TraceSink>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 128, sampling: SamplingParams::greedy(), stop_at_eog: true, stop: Vec::new() }
+        GenerateParams {
+            max_tokens: 128,
+            sampling: SamplingParams::greedy(),
+            stop_at_eog: true,
+            stop: Vec::new(),
+            trace: None,
+        }
     }
 }
+
+/// How a generated token was produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenSource {
+    /// One forward of the target model for this token alone (dense, early exit, or a verify step that accepted
+    /// no draft).
+    Plain,
+    /// A draft-head token the target accepted.
+    Draft,
+    /// A prompt-lookup (n-gram or datastore) token the target accepted.
+    Lookup,
+    /// The target's own token after the accepted drafts of a verify step.
+    Bonus,
+}
+
+impl TokenSource {
+    /// Short name (`plain`, `draft`, `lookup`, `bonus`), as the server's stream extension spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenSource::Plain => "plain",
+            TokenSource::Draft => "draft",
+            TokenSource::Lookup => "lookup",
+            TokenSource::Bonus => "bonus",
+        }
+    }
+}
+
+/// One generated token and how it was made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenTrace {
+    pub token: u32,
+    /// The text it completed (empty while it ends inside a UTF-8 character; the token that completes the
+    /// character carries it). Concatenated, the traces' texts are the generated text.
+    pub text: String,
+    pub source: TokenSource,
+    /// Layers the forward that decided it ran (the model's depth unless it exited early).
+    pub layers: u16,
+}
+
+/// Shared list of [`TokenTrace`]s a generation appends to (the reader drains it from the `on_text` callback).
+pub type TraceSink = std::sync::Arc<std::sync::Mutex<Vec<TokenTrace>>>;
 
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,14 +195,28 @@ impl Engine {
         params: &GenerateParams,
         ctx: usize,
         threads: usize,
-        mut on_text: impl FnMut(&str) -> bool,
+        on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
         check_prompt(prompt_ids, ctx)?;
         let capacity = (prompt_ids.len() + params.max_tokens).min(ctx);
         let mut dec = DenseDecoder::new(&self.model, capacity, threads);
+        self.decode_dense(&mut dec, prompt_ids, params, on_text)
+    }
+
+    /// The dense generation loop: feeds `prompt_ids` after what `dec` already holds (a conversation's earlier
+    /// turns), then decodes until the stop rules, `params.max_tokens` or `dec`'s capacity end it.
+    pub(crate) fn decode_dense(
+        &self,
+        dec: &mut DenseDecoder<'_>,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let capacity = dec.capacity();
         let mut sampler = Sampler::new(params.sampling.clone());
         let mut out = Emitter::new(self, params, prompt_ids.len());
-        let mut history: Vec<u32> = prompt_ids.to_vec();
+        let mut history: Vec<u32> = dec.tokens().to_vec();
+        history.extend_from_slice(prompt_ids);
 
         // Greedy settings without a penalty need only the argmax (the head screen), everything else the logits.
         let greedy = params.sampling.is_greedy();
@@ -160,7 +224,7 @@ impl Engine {
             Ok(if greedy { dec.feed_greedy(ids)? } else { sampler.sample(dec.feed(ids)?, history) })
         };
         let t0 = Instant::now();
-        let mut next = step(&mut dec, prompt_ids, &history)?;
+        let mut next = step(dec, prompt_ids, &history)?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         while out.generated.len() < params.max_tokens {
@@ -175,7 +239,7 @@ impl Engine {
                 out.finish = FinishReason::ContextFull;
                 break;
             }
-            next = step(&mut dec, &[next], &history)?;
+            next = step(dec, &[next], &history)?;
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))
     }
@@ -199,6 +263,7 @@ pub struct Emitter<'e> {
     engine: &'e Engine,
     stop_at_eog: bool,
     stop: Vec<String>,
+    trace: Option<TraceSink>,
     stream: StreamDecoder,
     text: String,
     /// Tokens emitted so far.
@@ -215,6 +280,7 @@ impl<'e> Emitter<'e> {
             engine,
             stop_at_eog: params.stop_at_eog,
             stop: params.stop.clone(),
+            trace: params.trace.clone(),
             stream: StreamDecoder::default(),
             text: String::new(),
             generated: Vec::new(),
@@ -223,15 +289,33 @@ impl<'e> Emitter<'e> {
         }
     }
 
-    /// Takes the next token; returns `false` when generation must end (end of generation, a stop string,
-    /// or `on_text` asking to stop), with [`Emitter::finish`] set accordingly.
+    /// Takes the next token, made by one full forward ([`TokenSource::Plain`]); returns `false` when generation
+    /// must end (end of generation, a stop string, or `on_text` asking to stop), with [`Emitter::finish`] set
+    /// accordingly.
     pub fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str) -> bool) -> bool {
+        let layers = self.engine.model.config.n_layers;
+        self.push_traced(token, TokenSource::Plain, layers, on_text)
+    }
+
+    /// [`Emitter::push`] for a token made by `source` with `layers` layers run.
+    pub fn push_traced(
+        &mut self,
+        token: u32,
+        source: TokenSource,
+        layers: usize,
+        on_text: &mut impl FnMut(&str) -> bool,
+    ) -> bool {
         if self.stop_at_eog && self.engine.tokenizer.is_eog(token) {
             self.finish = FinishReason::Stop;
             return false;
         }
         self.generated.push(token);
         let piece = self.stream.push(&self.engine.tokenizer, token);
+        if let Some(sink) = &self.trace {
+            let layers = layers.min(u16::MAX as usize) as u16;
+            let text = piece.clone();
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(TokenTrace { token, text, source, layers });
+        }
         self.text.push_str(&piece);
         if let Some(cut) = find_stop(&self.text, &self.stop) {
             self.text.truncate(cut);

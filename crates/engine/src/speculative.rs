@@ -11,10 +11,10 @@
 //! when present.
 
 use crate::error::EngineError;
-use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation};
+use crate::session::{check_prompt, Emitter, Engine, GenerateParams, Generation, TokenSource};
 use decode::speculative::{
-    Datastore, DraftHead, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer, SpeculativeDecoder,
-    SpeculativeStats, TreeConfig,
+    Datastore, DraftHead, DraftSource, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer,
+    SpeculativeDecoder, SpeculativeStats, TreeConfig,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -287,6 +287,7 @@ impl Engine {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
         let (mut out, t1) = self.start_tree(dec, prompt_ids, params)?;
+        let mut sources = Vec::new();
         'outer: while out.generated.len() < params.max_tokens {
             // The cache holds every committed token but the last (the next root), so a step fits while
             // `committed <= capacity`: like dense, generation fills the cache and emits one token more.
@@ -294,8 +295,19 @@ impl Engine {
                 out.finish = crate::FinishReason::ContextFull;
                 break;
             }
-            for &next in dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)? {
-                if !out.push(next, &mut on_text) {
+            let layers_before = dec.layers_run();
+            let step = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?;
+            let step = step.to_vec();
+            let layers = dec.layers_run() - layers_before;
+            dec.accepted_sources(&mut sources);
+            for (i, &next) in step.iter().enumerate() {
+                let source = match sources.get(i) {
+                    Some(DraftSource::Head) => TokenSource::Draft,
+                    Some(DraftSource::Lookup) => TokenSource::Lookup,
+                    None if sources.is_empty() => TokenSource::Plain,
+                    None => TokenSource::Bonus,
+                };
+                if !out.push_traced(next, source, layers, &mut on_text) {
                     break 'outer;
                 }
             }
@@ -318,6 +330,10 @@ pub(crate) trait TreeSteps {
     fn committed(&self) -> usize;
     /// One step committing at most `max_tokens` tokens.
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError>;
+    /// Who drafted the accepted drafts of the last step (its committed tokens but the last), into `out`.
+    fn accepted_sources(&self, out: &mut Vec<DraftSource>);
+    /// Layers run per tree forward, summed over the forwards so far.
+    fn layers_run(&self) -> usize;
 }
 
 impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
@@ -330,6 +346,13 @@ impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
         SpeculativeDecoder::step_at_most(self, max_tokens)
     }
+    fn accepted_sources(&self, out: &mut Vec<DraftSource>) {
+        out.clear();
+        out.extend(SpeculativeDecoder::accepted_sources(self));
+    }
+    fn layers_run(&self) -> usize {
+        self.stats().target_forwards * self.model().config.n_layers
+    }
 }
 
 impl TreeSteps for decode::specee::MergedDecoder<'_> {
@@ -341,6 +364,13 @@ impl TreeSteps for decode::specee::MergedDecoder<'_> {
     }
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
         decode::specee::MergedDecoder::step_at_most(self, max_tokens)
+    }
+    fn accepted_sources(&self, out: &mut Vec<DraftSource>) {
+        out.clear();
+        out.extend(decode::specee::MergedDecoder::accepted_sources(self));
+    }
+    fn layers_run(&self) -> usize {
+        self.stats().layers
     }
 }
 

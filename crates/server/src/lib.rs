@@ -146,7 +146,12 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
         None if unavailable.iter().any(|(m, _)| *m == Mode::Eagle) => "auto (dense: no draft head)",
         None => "auto (eagle for greedy requests, dense for sampled ones)",
     };
-    let defaults = RequestDefaults { mode: config.mode, vocab_size: engine.tokenizer.vocab_size(), unavailable };
+    let defaults = RequestDefaults {
+        mode: config.mode,
+        vocab_size: engine.tokenizer.vocab_size(),
+        unavailable,
+        n_layers: engine.model.config.n_layers,
+    };
     let metrics = Arc::new(Metrics::new(config.queue, config.parallel, n_layers));
     let scheduler_config = SchedulerConfig {
         parallel: config.parallel,

@@ -48,6 +48,9 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// Streaming: send a last chunk with `usage`.
     pub include_usage: bool,
+    /// Streaming (chat): where each token came from is collected here and sent with the chunks
+    /// (`stream_options.include_specee`).
+    pub trace: Option<engine::TraceSink>,
 }
 
 /// Server-wide settings requests fall back on.
@@ -60,6 +63,8 @@ pub struct RequestDefaults {
     pub vocab_size: usize,
     /// Modes this server cannot run, with the reason (see [`crate::mode::ModeResources::missing`]).
     pub unavailable: Vec<(Mode, &'static str)>,
+    /// The model's depth (what `/v1/models` and the chat page show layers against).
+    pub n_layers: usize,
 }
 
 impl RequestDefaults {
@@ -130,6 +135,17 @@ pub fn chat_request(r: wire::ChatCompletionRequest, defaults: &RequestDefaults) 
     common.finish(PromptInput::Chat(messages), defaults)
 }
 
+/// Refuses `stream_options.include_specee` where it is not offered.
+fn no_specee_stream(options: &Option<wire::StreamOptions>) -> Result<(), ApiError> {
+    match options {
+        Some(wire::StreamOptions { include_specee: Some(true), .. }) => Err(ApiError::invalid_param(
+            "stream_options.include_specee",
+            "'stream_options.include_specee' is offered on chat completions only",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Validates a completions request.
 pub fn completion_request(
     r: wire::CompletionRequest,
@@ -158,6 +174,7 @@ pub fn completion_request(
             }
         },
     };
+    no_specee_stream(&r.stream_options)?;
     if let PromptInput::Text(t) = &input {
         if t.is_empty() {
             return Err(ApiError::invalid_param("prompt", "'prompt' is empty"));
@@ -192,6 +209,7 @@ impl Common {
     fn finish(self, input: PromptInput, defaults: &RequestDefaults) -> Result<GenerationRequest, ApiError> {
         let stream = self.stream.unwrap_or(false);
         let mut include_usage = false;
+        let mut include_specee = false;
         if let Some(options) = self.stream_options {
             check_extra_fields(&options.extra, "stream_options.")?;
             if !stream {
@@ -201,6 +219,7 @@ impl Common {
                 ));
             }
             include_usage = options.include_usage.unwrap_or(false);
+            include_specee = options.include_specee.unwrap_or(false);
         }
         let temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
@@ -294,6 +313,7 @@ impl Common {
             mode,
             stream,
             include_usage,
+            trace: include_specee.then(engine::TraceSink::default),
         })
     }
 }
@@ -467,7 +487,12 @@ mod tests {
     use crate::wire::{ChatCompletionRequest, CompletionRequest};
 
     fn defaults() -> RequestDefaults {
-        RequestDefaults { mode: Some(Mode::Dense), vocab_size: 100, unavailable: vec![(Mode::Specee, "no predictors")] }
+        RequestDefaults {
+            mode: Some(Mode::Dense),
+            vocab_size: 100,
+            unavailable: vec![(Mode::Specee, "no predictors")],
+            n_layers: 30,
+        }
     }
 
     fn chat(body: &str) -> Result<GenerationRequest, ApiError> {

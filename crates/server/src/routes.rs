@@ -73,6 +73,7 @@ impl AppState {
 /// The router with every route, the body limit and the request counter.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
+        .route("/", get(chat_page))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -89,6 +90,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// The `endpoint` label of a path (unknown paths share one label, so clients cannot grow the metrics).
 fn endpoint_label(path: &str) -> &'static str {
     match path {
+        "/" => "/",
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/models" => "/v1/models",
@@ -121,6 +123,11 @@ async fn method_not_allowed(request: Request) -> ApiError {
     ApiError::method_not_allowed(format!("{} is not allowed on {}", request.method(), request.uri().path()))
 }
 
+/// The chat page: one self-contained file (its script and styles inline; nothing fetched from elsewhere).
+async fn chat_page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("chat.html")).into_response()
+}
+
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.shutting_down.load(Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "shutting_down"})))
@@ -134,7 +141,15 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 fn model_card(state: &AppState) -> wire::ModelCard {
-    wire::ModelCard { id: state.model_id.clone(), object: "model", created: state.created, owned_by: "specee" }
+    let d = &state.defaults;
+    let modes = crate::mode::Mode::ALL.iter().filter(|m| !d.unavailable.iter().any(|(u, _)| u == *m));
+    wire::ModelCard {
+        id: state.model_id.clone(),
+        object: "model",
+        created: state.created,
+        owned_by: "specee",
+        specee: wire::ModelExtras { modes: modes.map(|m| m.name()).collect(), n_layers: d.n_layers },
+    }
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Response {
@@ -212,6 +227,7 @@ async fn generate(state: Arc<AppState>, request: GenerationRequest, kind: Kind) 
     }
     let stream = request.stream;
     let include_usage = request.include_usage;
+    let include_specee = request.trace.is_some();
     let (events, mut rx) = unbounded_channel();
     if let Err(e) = state.scheduler.submit(Job { request, events, admitted_at: std::time::Instant::now() }) {
         return e.into_response();
@@ -229,13 +245,13 @@ async fn generate(state: Arc<AppState>, request: GenerationRequest, kind: Kind) 
         model: state.model_id.clone(),
     };
     if stream {
-        return stream_response(chunks, rx, include_usage);
+        return stream_response(chunks, rx, include_usage, include_specee);
     }
     loop {
         match rx.recv().await {
             Some(Event::Done(f)) => return chunks.full_response(*f),
             Some(Event::Failed(e)) => return e.into_response(),
-            Some(Event::Started { .. } | Event::Text(_)) => {}
+            Some(Event::Started { .. } | Event::Text(_) | Event::Tokens(_)) => {}
             None => return ApiError::internal("the generation ended without a result").into_response(),
         }
     }
@@ -287,6 +303,17 @@ impl Chunks {
 
     /// One streamed chunk: text and/or a finish reason (chat: `role` on the first).
     fn chunk(&self, role: bool, text: Option<String>, finish_reason: Option<&'static str>) -> SseEvent {
+        self.chunk_with(role, text, finish_reason, None)
+    }
+
+    /// [`Chunks::chunk`] with specee's stream extension (chat only).
+    fn chunk_with(
+        &self,
+        role: bool,
+        text: Option<String>,
+        finish_reason: Option<&'static str>,
+        specee: Option<wire::StreamSpecee>,
+    ) -> SseEvent {
         match self.kind {
             Kind::Chat => json_event(&wire::ChatCompletionChunk {
                 id: self.id.clone(),
@@ -300,6 +327,7 @@ impl Chunks {
                     finish_reason,
                 }],
                 usage: None,
+                specee,
             }),
             Kind::Completion => json_event(&self.completion_chunk(vec![wire::CompletionChoice {
                 text: text.unwrap_or_default(),
@@ -332,6 +360,7 @@ impl Chunks {
                 model: self.model.clone(),
                 choices: Vec::new(),
                 usage: Some(usage),
+                specee: None,
             }),
             Kind::Completion => {
                 json_event(&wire::Completion { usage: Some(usage), ..self.completion_chunk(Vec::new()) })
@@ -350,15 +379,23 @@ struct SseState {
     rx: UnboundedReceiver<Event>,
     pending: VecDeque<SseEvent>,
     include_usage: bool,
+    include_specee: bool,
     finished: bool,
+    /// Token traces waiting for the next text chunk (`stream_options.include_specee`).
+    tokens: Vec<wire::TokenInfo>,
 }
 
-fn stream_response(chunks: Chunks, rx: UnboundedReceiver<Event>, include_usage: bool) -> Response {
+fn stream_response(
+    chunks: Chunks,
+    rx: UnboundedReceiver<Event>,
+    include_usage: bool,
+    include_specee: bool,
+) -> Response {
     let mut pending = VecDeque::new();
     if chunks.kind == Kind::Chat {
         pending.push_back(chunks.chunk(true, Some(String::new()), None));
     }
-    let state = SseState { chunks, rx, pending, include_usage, finished: false };
+    let state = SseState { chunks, rx, pending, include_usage, include_specee, finished: false, tokens: Vec::new() };
     let stream = futures_util::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(event) = s.pending.pop_front() {
@@ -368,10 +405,19 @@ fn stream_response(chunks: Chunks, rx: UnboundedReceiver<Event>, include_usage: 
                 return None;
             }
             match s.rx.recv().await {
-                Some(Event::Text(text)) => s.pending.push_back(s.chunks.chunk(false, Some(text), None)),
+                Some(Event::Tokens(tokens)) => s.tokens.extend(tokens),
+                Some(Event::Text(text)) => {
+                    let specee = (!s.tokens.is_empty())
+                        .then(|| wire::StreamSpecee { tokens: std::mem::take(&mut s.tokens), summary: None });
+                    s.pending.push_back(s.chunks.chunk_with(false, Some(text), None, specee));
+                }
                 Some(Event::Done(f)) => {
                     let empty = (s.chunks.kind == Kind::Completion).then(String::new);
-                    s.pending.push_back(s.chunks.chunk(false, empty, Some(f.finish_reason)));
+                    let specee = s.include_specee.then(|| wire::StreamSpecee {
+                        tokens: std::mem::take(&mut s.tokens),
+                        summary: Some(f.info.clone()),
+                    });
+                    s.pending.push_back(s.chunks.chunk_with(false, empty, Some(f.finish_reason), specee));
                     if s.include_usage {
                         s.pending.push_back(s.chunks.usage_chunk(f.usage));
                     }

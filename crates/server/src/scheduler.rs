@@ -30,6 +30,8 @@ pub enum Event {
     Started { prompt_tokens: usize },
     /// Streamed text (only for streaming requests).
     Text(String),
+    /// How the tokens behind the next text (or the finish) were made (`stream_options.include_specee`).
+    Tokens(Vec<crate::wire::TokenInfo>),
     /// Generation finished.
     Done(Box<Finished>),
     /// The request failed (before or, for a 500, during generation).
@@ -286,11 +288,31 @@ pub(crate) fn stream_piece(
     if !request.stream {
         return !events.is_closed();
     }
+    send_tokens(request, events);
     let ready = holdback.push(piece);
     if ready.is_empty() {
         !events.is_closed()
     } else {
         events.send(Event::Text(ready.to_string())).is_ok()
+    }
+}
+
+/// `a / b`, 0 when `b` is 0.
+fn ratio(a: u64, b: u64) -> f64 {
+    if b > 0 {
+        a as f64 / b as f64
+    } else {
+        0.0
+    }
+}
+
+/// Sends the token traces collected since the last call (`stream_options.include_specee`).
+fn send_tokens(request: &GenerationRequest, events: &UnboundedSender<Event>) {
+    if let Some(sink) = &request.trace {
+        let tokens: Vec<_> = std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner()));
+        if !tokens.is_empty() {
+            let _ = events.send(Event::Tokens(tokens.into_iter().map(Into::into).collect()));
+        }
     }
 }
 
@@ -316,6 +338,7 @@ impl Shared {
             sampling: request.sampling.clone(),
             stop_at_eog: request.stop_at_eog,
             stop: request.stop.clone(),
+            trace: request.trace.clone(),
         };
         Ok((prompt_ids, params))
     }
@@ -359,6 +382,7 @@ impl Shared {
             return;
         }
         if request.stream {
+            send_tokens(request, events);
             let rest = holdback.finish(&generation.text);
             if !rest.is_empty() {
                 let _ = events.send(Event::Text(rest.to_string()));
@@ -381,6 +405,9 @@ impl Shared {
                 mode: mode.name(),
                 prompt_tokens_per_second: timings.prompt_tokens_per_s(),
                 decode_tokens_per_second: timings.decode_tokens_per_s(),
+                acceptance_length: ratio(stats.tokens, stats.steps),
+                layers_per_token: ratio(stats.layers, stats.tokens),
+                n_layers: self.n_layers,
             },
         };
         let _ = events.send(Event::Done(Box::new(finished)));

@@ -93,6 +93,9 @@ pub enum Prompt {
 pub struct StreamOptions {
     /// Send a last chunk with `usage` before `[DONE]`.
     pub include_usage: Option<bool>,
+    /// specee's extension (chat completions): chunks carry `specee.tokens`, how each answer token was made, and
+    /// the finishing chunk `specee.summary`.
+    pub include_specee: Option<bool>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -231,6 +234,40 @@ pub struct SpeceeInfo {
     pub mode: &'static str,
     pub prompt_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
+    /// Tokens committed per full-model forward (1 for dense and `specee`; τ for the tree modes).
+    pub acceptance_length: f64,
+    /// Layers run per generated token (fewer than `n_layers` when tokens exit early).
+    pub layers_per_token: f64,
+    pub n_layers: usize,
+}
+
+/// How one answer token was made (`stream_options.include_specee`).
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenInfo {
+    pub id: u32,
+    /// The text this token completed (empty inside a multi-byte character).
+    pub text: String,
+    /// `plain` (one forward for this token), `draft` (a draft-head token the model accepted), `lookup` (a
+    /// prompt-lookup token accepted), `bonus` (the model's own token after accepted drafts).
+    pub source: &'static str,
+    /// Layers run by the forward that decided it.
+    pub layers: u16,
+}
+
+impl From<engine::TokenTrace> for TokenInfo {
+    fn from(t: engine::TokenTrace) -> TokenInfo {
+        TokenInfo { id: t.token, text: t.text, source: t.source.name(), layers: t.layers }
+    }
+}
+
+/// The `specee` object of a streamed chunk (`stream_options.include_specee`).
+#[derive(Debug, Default, Serialize)]
+pub struct StreamSpecee {
+    /// The tokens behind this chunk's text (every answer token appears in exactly one chunk).
+    pub tokens: Vec<TokenInfo>,
+    /// On the chunk with the finish reason: the answer's speeds and the mode's counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<SpeceeInfo>,
 }
 
 /// Response of `POST /v1/chat/completions` without streaming.
@@ -269,6 +306,8 @@ pub struct ChatCompletionChunk {
     pub choices: Vec<ChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub specee: Option<StreamSpecee>,
 }
 
 #[derive(Debug, Serialize)]
@@ -322,6 +361,17 @@ pub struct ModelCard {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: &'static str,
+    /// What this server can do with the model (specee's extension; the chat page reads it).
+    pub specee: ModelExtras,
+}
+
+/// The `specee` object of a model card.
+#[derive(Debug, Serialize)]
+pub struct ModelExtras {
+    /// Decoding modes requests may choose (`specee.mode`).
+    pub modes: Vec<&'static str>,
+    /// The model's depth.
+    pub n_layers: usize,
 }
 
 /// `{"error": {...}}`.

@@ -1,10 +1,9 @@
-//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram|specee] [--json]`: streams the continuation to
-//! stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead. Without `--mode`,
+//! `specee generate -m PATH -p TEXT -n N [sampling flags] [--chat] [--mode dense|eagle|ngram|specee] [--json]`
+//! (or `--messages FILE` instead of `-p`: a conversation's next answer): streams the continuation to stdout and prints prompt and decode speeds to stderr; `--json` prints one object instead. Without `--mode`,
 //! greedy decoding runs eagle when a draft head is at hand ([`engine::speculative::auto_mode`]): the same tokens
 //! as dense, sooner.
 
-use super::{finite, generate_with, positive, probability, ModeArgs, ModelArgs, RunStats};
-use decode::SamplingParams;
+use super::{generate_with, ModeArgs, ModelArgs, RunStats, SamplingArgs};
 use engine::GenerateParams;
 use std::io::Write;
 
@@ -15,28 +14,20 @@ pub struct Args {
     #[command(flatten)]
     pub mode: ModeArgs,
     /// Prompt text.
-    #[arg(short = 'p', long = "prompt")]
-    pub prompt: String,
+    #[arg(short = 'p', long = "prompt", required_unless_present = "messages", conflicts_with = "messages")]
+    pub prompt: Option<String>,
+    /// A conversation to answer instead of a prompt: OpenAI-style JSON messages (what `specee chat`'s `/save`
+    /// writes), rendered with the model's chat template, the assistant's turn opened.
+    #[arg(long, value_name = "FILE")]
+    pub messages: Option<std::path::PathBuf>,
     /// Number of tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n: usize,
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
-    /// Temperature (0 or below = greedy).
-    #[arg(long = "temp", default_value_t = 0.0, value_parser = finite)]
-    pub temp: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95, value_parser = probability)]
-    pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05, value_parser = probability)]
-    pub min_p: f32,
-    /// Divide the logits of recently seen tokens by this (1 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive)]
-    pub repeat_penalty: f32,
-    #[arg(long = "seed", default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Render the prompt as one user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -59,17 +50,9 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     let (eng, model_path) = a.model.load_with_path()?;
     let params = GenerateParams {
         max_tokens: a.n,
-        sampling: SamplingParams {
-            temperature: a.temp,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            repeat_penalty: a.repeat_penalty,
-            seed: a.seed,
-            ..Default::default()
-        },
+        sampling: a.sampling.params(),
         stop_at_eog: !a.ignore_eos,
-        stop: Vec::new(),
+        ..Default::default()
     };
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
     let mode = *a.mode.mode.get_or_insert_with(auto);
@@ -78,9 +61,17 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         a.reasoning = Some(String::new());
     }
     let profile = engine::reasoning::ReasoningProfile::from_flag(a.reasoning.as_deref(), &eng)?;
-    let text = match &profile {
-        Some(p) => p.render(&eng, &a.prompt)?,
-        None => eng.render_prompt(&a.prompt, a.chat)?,
+    let text = match (&profile, &a.messages, &a.prompt) {
+        (_, Some(file), _) => {
+            let json = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            let messages =
+                engine::conversation::parse_messages(&json).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            anyhow::ensure!(a.reasoning.is_none(), "--messages does not combine with --reasoning");
+            eng.render_chat(&messages)?
+        }
+        (Some(p), None, Some(prompt)) => p.render(&eng, prompt)?,
+        (None, None, Some(prompt)) => eng.render_prompt(prompt, a.chat)?,
+        (_, None, None) => anyhow::bail!("give a prompt (-p TEXT) or a conversation (--messages FILE)"),
     };
     let ids = eng.tokenize_prompt(&text);
     let json = a.json;

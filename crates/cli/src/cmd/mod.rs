@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod build_datastore;
+pub mod chat;
 pub mod eval;
 pub mod eval_reasoning;
 pub mod fetch;
@@ -192,6 +193,40 @@ impl ReasoningExitArgs {
             }
             _ => ReasoningExit::None,
         })
+    }
+}
+
+/// Sampling flags shared by `generate` and `chat` (llama.cpp's names and defaults; greedy unless `--temp` > 0).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature (0 or below = greedy).
+    #[arg(long = "temp", default_value_t = 0.0, value_parser = finite)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = probability)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = probability)]
+    pub min_p: f32,
+    /// Divide the logits of recently seen tokens by this (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive)]
+    pub repeat_penalty: f32,
+    #[arg(long = "seed", default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// The sampler's settings.
+    pub fn params(&self) -> decode::SamplingParams {
+        decode::SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
     }
 }
 

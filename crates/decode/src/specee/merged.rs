@@ -300,6 +300,11 @@ impl<'m> MergedDecoder<'m> {
         self.step_at_most(usize::MAX)
     }
 
+    /// Who drafted each accepted draft token of the last step, in order (then comes the bonus token).
+    pub fn accepted_sources(&self) -> impl Iterator<Item = crate::speculative::DraftSource> + '_ {
+        self.path.iter().skip(1).map(|&i| self.tree.source(i))
+    }
+
     /// [`MergedDecoder::step`] committing at most `max_tokens` tokens (at least 1).
     pub fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], SpeculativeError> {
         let first_new = self.tokens.len();

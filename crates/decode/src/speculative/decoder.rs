@@ -162,6 +162,12 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         &self.tree
     }
 
+    /// Who drafted each accepted draft token of the last step, in order (the step committed these, then the
+    /// verifier's own bonus token).
+    pub fn accepted_sources(&self) -> impl Iterator<Item = super::DraftSource> + '_ {
+        self.acceptance.path.iter().skip(1).map(|&i| self.tree.source(i))
+    }
+
     /// Forgets everything but the counters.
     pub fn reset(&mut self) {
         self.truncate(0);

@@ -57,7 +57,7 @@ pub use ngram::{LookupChain, NgramConfig, NgramProposer};
 pub use oracle::OracleProposer;
 pub use proposer::{DraftContext, FeatureSource, Proposer};
 pub use published::{PublishedHead, PublishedHeadError, PublishedProposer};
-pub use tree::{build_dynamic_tree, build_dynamic_tree_traced, DraftNode, DraftTree, TreeConfig};
+pub use tree::{build_dynamic_tree, build_dynamic_tree_traced, DraftNode, DraftSource, DraftTree, TreeConfig};
 
 use model::ModelError;
 

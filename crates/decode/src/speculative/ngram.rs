@@ -10,7 +10,7 @@
 
 use super::datastore::Datastore;
 use super::proposer::{DraftContext, Proposer};
-use super::tree::{build_dynamic_tree, DraftTree, TreeConfig, ROOT};
+use super::tree::{build_dynamic_tree, DraftSource, DraftTree, TreeConfig, ROOT};
 use super::SpeculativeError;
 use std::sync::Arc;
 
@@ -128,7 +128,7 @@ impl NgramProposer {
                 None if self.from_store && tree.children(node).next().is_some() => break,
                 None => {
                     added += 1;
-                    tree.push(node, token, log_prob)
+                    tree.push_from(node, token, log_prob, DraftSource::Lookup)
                 }
             };
             path.push(token);
@@ -200,6 +200,7 @@ impl Proposer for NgramProposer {
             Ok(())
         });
         self.path = path;
+        tree.set_all_sources(DraftSource::Lookup);
         result
     }
 }

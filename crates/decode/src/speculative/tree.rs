@@ -22,11 +22,23 @@ pub struct DraftNode {
     pub score: f32,
 }
 
+/// Who drafted a node: what the chat page and `specee chat` show for each accepted token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftSource {
+    /// The draft head (or any model-based proposer).
+    #[default]
+    Head,
+    /// Prompt lookup: an n-gram match in the context or the datastore.
+    Lookup,
+}
+
 /// A draft tree: node 0 is the root, every other node comes after its parent (topological order), so any prefix
 /// of the node list is itself a tree.
 #[derive(Clone, Debug)]
 pub struct DraftTree {
     nodes: Vec<DraftNode>,
+    /// Who drafted each node (the root: [`DraftSource::Head`], meaningless).
+    sources: Vec<DraftSource>,
     /// Per node: when its children were *sampled* without replacement from a draft distribution, that
     /// distribution as `(token, probability)` pairs. `None`: the children were chosen deterministically (top-k),
     /// which rejection sampling treats as a point mass on each child in turn.
@@ -36,7 +48,7 @@ pub struct DraftTree {
 impl DraftTree {
     /// A tree holding only its root.
     pub fn new(root_token: u32) -> DraftTree {
-        let mut tree = DraftTree { nodes: Vec::new(), child_distributions: Vec::new() };
+        let mut tree = DraftTree { nodes: Vec::new(), sources: Vec::new(), child_distributions: Vec::new() };
         tree.reset(root_token);
         tree
     }
@@ -44,8 +56,10 @@ impl DraftTree {
     /// Empties the tree down to a new root.
     pub fn reset(&mut self, root_token: u32) {
         self.nodes.clear();
+        self.sources.clear();
         self.child_distributions.clear();
         self.nodes.push(DraftNode { token: root_token, parent: ROOT, depth: 0, log_prob: 0.0, score: 0.0 });
+        self.sources.push(DraftSource::Head);
         self.child_distributions.push(None);
     }
 
@@ -54,11 +68,27 @@ impl DraftTree {
     /// # Panics
     /// If `parent` is not a node of the tree (a bug in the proposer, not bad input).
     pub fn push(&mut self, parent: usize, token: u32, log_prob: f32) -> usize {
+        self.push_from(parent, token, log_prob, DraftSource::Head)
+    }
+
+    /// [`DraftTree::push`] for a node drafted by `source`.
+    pub fn push_from(&mut self, parent: usize, token: u32, log_prob: f32, source: DraftSource) -> usize {
         assert!(parent < self.nodes.len(), "draft tree: parent {parent} of a new node does not exist");
         let p = self.nodes[parent];
         self.nodes.push(DraftNode { token, parent, depth: p.depth + 1, log_prob, score: p.score + log_prob });
+        self.sources.push(source);
         self.child_distributions.push(None);
         self.nodes.len() - 1
+    }
+
+    /// Who drafted node `i`.
+    pub fn source(&self, i: usize) -> DraftSource {
+        self.sources[i]
+    }
+
+    /// Marks every drafted node as drafted by `source` (a proposer that is all one kind).
+    pub fn set_all_sources(&mut self, source: DraftSource) {
+        self.sources[1..].fill(source);
     }
 
     /// Declares that the children of `node` were sampled without replacement from `distribution`
@@ -121,6 +151,7 @@ impl DraftTree {
     /// Keeps the first `n` nodes (at least the root); they form a tree because parents come first.
     pub fn truncate(&mut self, n: usize) {
         self.nodes.truncate(n.max(1));
+        self.sources.truncate(n.max(1));
         self.child_distributions.truncate(n.max(1));
     }
 
@@ -132,14 +163,17 @@ impl DraftTree {
         let mut remap = vec![usize::MAX; self.nodes.len()];
         let mut kept = Vec::with_capacity(self.nodes.len());
         let mut kept_dists = Vec::with_capacity(self.nodes.len());
+        let mut kept_sources = Vec::with_capacity(self.nodes.len());
         for (i, node) in self.nodes.iter().enumerate() {
             if node.depth <= max_depth {
                 remap[i] = kept.len();
                 kept.push(DraftNode { parent: remap[node.parent], ..*node });
                 kept_dists.push(self.child_distributions[i].take());
+                kept_sources.push(self.sources[i]);
             }
         }
         self.nodes = kept;
+        self.sources = kept_sources;
         self.child_distributions = kept_dists;
     }
 
@@ -274,7 +308,7 @@ fn select_best(pool: &DraftTree, budget: usize, out: &mut DraftTree, origin: &mu
     for i in 1..pool.len() {
         if chosen[i] {
             let n = pool.nodes[i];
-            remap[i] = out.push(remap[n.parent], n.token, n.log_prob);
+            remap[i] = out.push_from(remap[n.parent], n.token, n.log_prob, pool.sources[i]);
             origin.push(i);
         }
     }
@@ -292,6 +326,24 @@ mod tests {
         let c = t.push(b, 12, -0.1);
         t.push(c, 13, -0.2);
         t
+    }
+
+    #[test]
+    fn sources_follow_their_nodes_through_pruning_and_selection() {
+        let mut t = sample_tree();
+        let d = t.push_from(ROOT, 20, -0.05, DraftSource::Lookup);
+        t.push_from(d, 21, -0.05, DraftSource::Lookup);
+        assert_eq!(t.source(1), DraftSource::Head);
+        assert_eq!(t.source(d), DraftSource::Lookup);
+        t.prune_deeper_than(1);
+        let kept: Vec<(u32, DraftSource)> = (1..t.len()).map(|i| (t.node(i).token, t.source(i))).collect();
+        assert_eq!(kept, [(10, DraftSource::Head), (11, DraftSource::Head), (20, DraftSource::Lookup)]);
+        t.truncate(2);
+        t.set_all_sources(DraftSource::Lookup);
+        assert_eq!(t.source(1), DraftSource::Lookup);
+        t.reset(3);
+        assert_eq!(t.push(ROOT, 4, -0.1), 1);
+        assert_eq!(t.source(1), DraftSource::Head);
     }
 
     #[test]
