@@ -188,12 +188,14 @@ fn slash_command(
 fn stats_line(t: &Turn, mode: Mode, n_layers: usize) -> String {
     let g = &t.generation.timings;
     let mut s = format!(
-        "last answer: {} tokens at {:.1} tok/s ({mode}); prompt {} tokens, {} from the cache, the rest at {:.1} tok/s",
+        "last answer: {} tokens at {:.1} tok/s ({mode}); prompt {} tokens, {} from the cache, the other {} run in \
+         {:.1} ms",
         g.decode_tokens,
         g.decode_tokens_per_s(),
         g.prompt_tokens,
         t.reused_tokens,
-        g.prompt_tokens_per_s()
+        g.prompt_tokens - t.reused_tokens,
+        1000.0 * g.prompt_seconds
     );
     if let Some(tau) = t.acceptance_length {
         s += &format!("; τ {tau:.2} tokens per target forward");

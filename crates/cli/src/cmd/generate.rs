@@ -119,6 +119,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     "prompt_tokens_per_s": t.prompt_tokens_per_s(),
                     "decode_tokens_per_s": t.decode_tokens_per_s(),
                     "prompt_tokens": t.prompt_tokens,
+                    "prompt_seconds": t.prompt_seconds,
                     "decode_tokens": t.decode_tokens,
                 },
                 "speculative": match stats.speculative() {

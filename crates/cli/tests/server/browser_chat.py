@@ -23,7 +23,7 @@ import time
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1100,760", "--hide-scrollbars",
+    "--disable-dev-shm-usage", "--window-size=1100,1150", "--hide-scrollbars",
 ]
 
 
