@@ -239,7 +239,7 @@ def long_document(words):
 def prefix(a, model):
     rows = []
     for cache in [0, None]:
-        server = specee_server(a, model, 2, prefix_cache=cache)
+        server = specee_server(a, model, a.prefix_parallel, prefix_cache=cache)
         try:
             client = server.client()
             one_request(client, "User: Hello\nAssistant:" if a.plain else [{"role": "user", "content": "Hello"}], 4)
@@ -264,7 +264,7 @@ def prefix(a, model):
         finally:
             server.stop()
     (_, p, off, off_lo, off_hi), (_, _, on, on_lo, on_hi) = rows
-    print(f"\n{os.path.basename(model)}, {a.threads} thread(s); second chat turn resending a first turn of ~{p} "
+    print(f"\n{os.path.basename(model)}, {a.threads} thread(s), --parallel {a.prefix_parallel}; second chat turn resending a first turn of ~{p} "
           f"prompt tokens, median of {a.repeat} (min–max)\n")
     print("| prefix cache | second-turn TTFT ms |")
     print("| --- | ---: |")
@@ -292,6 +292,8 @@ def main():
     ap.add_argument("--prefix", action="store_true", help="measure the prefix cache on a second chat turn")
     ap.add_argument("--plain", action="store_true",
                     help="--prefix through completions with `User:`/`Assistant:` text (models without a chat template)")
+    ap.add_argument("--prefix-parallel", type=int, default=2,
+                    help="--prefix: the server's --parallel (1: the single worker keeping its last request's cache)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--specee", default=os.path.join(ROOT, "target/release/specee"))
     a = ap.parse_args()

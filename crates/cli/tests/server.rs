@@ -689,8 +689,9 @@ fn second_chat_turn_reuses_the_first_turns_cache_and_answers_the_same() {
         )
     };
     let mut answers = Vec::new();
-    for cache in ["0", "4096"] {
-        let server = Server::start(&["--parallel", "2", "--prefix-cache", cache]);
+    // Batching with and without the prefix cache, and the single worker (eagle) keeping its last cache.
+    for (parallel, cache) in [("2", "0"), ("2", "4096"), ("1", "4096")] {
+        let server = Server::start(&["--parallel", parallel, "--prefix-cache", cache]);
         let (first, first_prompt) = ask(&server, &turn1);
         let mut turn2 = turn1.as_array().unwrap().clone();
         turn2.push(json!({"role": "assistant", "content": first}));
@@ -708,6 +709,7 @@ fn second_chat_turn_reuses_the_first_turns_cache_and_answers_the_same() {
         answers.push((first, second));
     }
     assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0], answers[2]);
 }
 
 /// Runs `tests/server/browser_chat.py` (headless Chromium driving the chat page) against `server`; its JSON.

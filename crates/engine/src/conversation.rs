@@ -60,6 +60,58 @@ impl<'e> ChatDecoder<'e> {
         ChatDecoder::Merged(Box::new(setup.merged_decoder(engine, ctx, threads)))
     }
 
+    /// Generates the answer after the prompt `ids` (which must fit the context), reusing the cached state of
+    /// the longest prefix `ids` shares with what the decoder holds and running the rest ([`Turn::reused_tokens`]
+    /// says how much was reused). The answer is what a fresh decoder would write after `ids`.
+    pub fn continue_with(
+        &mut self,
+        engine: &Engine,
+        ids: Vec<u32>,
+        params: &GenerateParams,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Turn, EngineError> {
+        let ctx = self.capacity();
+        crate::session::check_prompt(&ids, ctx)?;
+        let shared = ids.iter().zip(self.tokens()).take_while(|(a, b)| a == b).count();
+        // At least the last prompt token runs: its logits give the first answer token.
+        let reused_tokens = self.keep(shared.min(ids.len() - 1));
+        let feed = &ids[reused_tokens..];
+        let params = GenerateParams { max_tokens: params.max_tokens.min(ctx - ids.len()), ..params.clone() };
+        let before = self.counters();
+        let mut generation = match self {
+            ChatDecoder::Dense(d) => engine.decode_dense(d, feed, &params, on_text)?,
+            ChatDecoder::Tree(d) => engine.generate_tree(d.as_mut(), feed, &params, ctx, on_text)?,
+            ChatDecoder::Specee(d) => {
+                crate::early_exit::greedy_only(&params, "specee")?;
+                engine.decode_specee(d, feed, &params, on_text)?
+            }
+            ChatDecoder::Merged(d) => {
+                crate::early_exit::greedy_only(&params, "specee-eagle")?;
+                engine.generate_tree(d.as_mut(), feed, &params, ctx, on_text)?
+            }
+        };
+        let after = self.counters();
+        generation.timings.prompt_tokens = ids.len();
+        generation.prompt_ids = ids;
+        let ratio = |a: usize, b: usize| if b > 0 { a as f64 / b as f64 } else { 0.0 };
+        let forwards = after.forwards - before.forwards;
+        let acceptance_length = (forwards > 0).then(|| ratio(after.committed - before.committed, forwards));
+        let layer_steps = after.layer_tokens - before.layer_tokens;
+        let layers_per_token = if layer_steps > 0 {
+            ratio(after.layers - before.layers, layer_steps)
+        } else {
+            engine.model.config.n_layers as f64
+        };
+        Ok(Turn {
+            generation,
+            reused_tokens,
+            dropped_messages: 0,
+            target_forwards: forwards,
+            acceptance_length,
+            layers_per_token,
+        })
+    }
+
     /// Tokens whose state the decoder holds (for the tree decoders: committed tokens, the last one not yet run).
     fn tokens(&self) -> &[u32] {
         match self {
@@ -145,6 +197,8 @@ pub struct Turn {
     pub reused_tokens: usize,
     /// Oldest messages dropped so that the conversation fits the context.
     pub dropped_messages: usize,
+    /// Full-model forwards of the tree modes' verify steps.
+    pub target_forwards: usize,
     /// Tokens committed per target forward (the tree modes).
     pub acceptance_length: Option<f64>,
     /// Layers run per decoded token (per tree forward in `specee-eagle`).
@@ -216,41 +270,11 @@ impl<'e> Conversation<'e> {
     }
 
     fn answer(&mut self, params: &GenerateParams, on_text: impl FnMut(&str) -> bool) -> Result<Turn, EngineError> {
-        let engine = self.engine;
-        let ctx = self.decoder.capacity();
         let (ids, dropped_messages) = self.fit(params.max_tokens)?;
-        let shared = ids.iter().zip(self.decoder.tokens()).take_while(|(a, b)| a == b).count();
-        // At least the last prompt token runs: its logits give the first answer token.
-        let reused_tokens = self.decoder.keep(shared.min(ids.len() - 1));
-        let feed = &ids[reused_tokens..];
-        let params = GenerateParams { max_tokens: params.max_tokens.min(ctx - ids.len()), ..params.clone() };
-        let before = self.decoder.counters();
-        let mut generation = match &mut self.decoder {
-            ChatDecoder::Dense(d) => engine.decode_dense(d, feed, &params, on_text)?,
-            ChatDecoder::Tree(d) => engine.generate_tree(d.as_mut(), feed, &params, ctx, on_text)?,
-            ChatDecoder::Specee(d) => {
-                crate::early_exit::greedy_only(&params, "specee")?;
-                engine.decode_specee(d, feed, &params, on_text)?
-            }
-            ChatDecoder::Merged(d) => {
-                crate::early_exit::greedy_only(&params, "specee-eagle")?;
-                engine.generate_tree(d.as_mut(), feed, &params, ctx, on_text)?
-            }
-        };
-        let after = self.decoder.counters();
-        generation.timings.prompt_tokens = ids.len();
-        generation.prompt_ids = ids;
-        self.messages.push(Message { role: "assistant".into(), content: generation.text.clone() });
-        let ratio = |a: usize, b: usize| if b > 0 { a as f64 / b as f64 } else { 0.0 };
-        let forwards = after.forwards - before.forwards;
-        let acceptance_length = (forwards > 0).then(|| ratio(after.committed - before.committed, forwards));
-        let layer_steps = after.layer_tokens - before.layer_tokens;
-        let layers_per_token = if layer_steps > 0 {
-            ratio(after.layers - before.layers, layer_steps)
-        } else {
-            engine.model.config.n_layers as f64
-        };
-        Ok(Turn { generation, reused_tokens, dropped_messages, acceptance_length, layers_per_token })
+        let mut turn = self.decoder.continue_with(self.engine, ids, params, on_text)?;
+        turn.dropped_messages = dropped_messages;
+        self.messages.push(Message { role: "assistant".into(), content: turn.generation.text.clone() });
+        Ok(turn)
     }
 
     /// The conversation's tokens (assistant turn opened), after dropping the oldest turns until they leave room

@@ -166,6 +166,7 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
             prefix_cache: config.prefix_cache,
             prefill_rows: config.prefill_rows.max(1),
         }),
+        keep_cache: config.prefix_cache > 0,
     };
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)

@@ -569,6 +569,18 @@ mod tests {
     }
 
     #[test]
+    fn include_specee_asks_chat_streams_for_token_traces_only() {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}], "stream": true"#;
+        let with = chat(&format!(r#"{{{msgs}, "stream_options": {{"include_specee": true}}}}"#)).unwrap();
+        assert!(with.trace.is_some());
+        let without = chat(&format!(r#"{{{msgs}, "stream_options": {{"include_usage": true}}}}"#)).unwrap();
+        assert!(without.trace.is_none());
+        let body = r#"{"prompt": "x", "stream": true, "stream_options": {"include_specee": true}}"#;
+        assert_eq!(param(completion(body).unwrap_err()).as_deref(), Some("stream_options.include_specee"));
+        assert!(completion(r#"{"prompt": "x", "stream": true, "stream_options": {"include_specee": false}}"#).is_ok());
+    }
+
+    #[test]
     fn unsupported_and_unknown_fields_refused() {
         let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
         for (extra, want) in [

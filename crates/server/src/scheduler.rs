@@ -14,6 +14,7 @@ use crate::metrics::{Metrics, Observe, Outcome};
 use crate::mode::{DecodeStats, Mode, ModeResources};
 use crate::request::{GenerationRequest, PromptInput};
 use crate::wire::{CompletionTokensDetails, SpeceeInfo, Usage};
+use engine::conversation::ChatDecoder;
 use engine::{Engine, EngineError, FinishReason, GenerateParams};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,6 +72,9 @@ pub struct SchedulerConfig {
     pub reasoning: Option<Arc<engine::reasoning::ReasoningProfile>>,
     /// Batch every request into one shared forward ([`crate::batch`]) instead of one worker per request.
     pub batch: Option<crate::batch::BatchConfig>,
+    /// Without batching: keep the last `dense` or `eagle` request's KV cache for the next one, which reuses the
+    /// prompt prefix they share (a chat's next turn runs only its new tokens).
+    pub keep_cache: bool,
 }
 
 /// What every generation path (the per-request workers and the batching scheduler) shares: the engine, the
@@ -89,6 +93,14 @@ struct Worker {
     shared: Arc<Shared>,
     resources: Arc<ModeResources>,
     threads: usize,
+    keep_cache: bool,
+}
+
+/// The decoder of the last request, kept for the next ([`SchedulerConfig::keep_cache`]).
+struct Kept<'e> {
+    mode: Mode,
+    sampling: decode::SamplingParams,
+    decoder: ChatDecoder<'e>,
 }
 
 /// The queue and its workers.
@@ -126,7 +138,8 @@ impl Scheduler {
                 ("specee-batch".into(), Box::new(move || batcher.run(&receiver)))
             }
             None => {
-                let worker = Worker { shared, resources, threads: config.threads_per_request.max(1) };
+                let threads = config.threads_per_request.max(1);
+                let worker = Worker { shared, resources, threads, keep_cache: config.keep_cache };
                 ("specee-generate".into(), Box::new(move || worker.run(&receiver)))
             }
         };
@@ -179,6 +192,8 @@ impl Scheduler {
 impl Worker {
     fn run(self, receiver: &Mutex<mpsc::Receiver<Job>>) {
         let metrics = &self.shared.metrics;
+        let engine = Arc::clone(&self.shared.engine);
+        let mut kept: Option<Kept<'_>> = None;
         loop {
             let job = {
                 let rx = receiver.lock().unwrap_or_else(|p| p.into_inner());
@@ -190,34 +205,35 @@ impl Worker {
             metrics.queued.fetch_sub(1, Ordering::AcqRel);
             metrics.in_flight.fetch_add(1, Ordering::AcqRel);
             metrics.observe(Observe::QueueWait, job.admitted_at.elapsed().as_secs_f64());
-            self.run_job(job);
+            self.run_job(&engine, job, &mut kept);
             // Free the slot before the gauge says so, so that a client seeing 0 in flight can be admitted.
             self.shared.admitted.fetch_sub(1, Ordering::AcqRel);
             metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
-    fn run_job(&self, job: Job) {
+    fn run_job<'e>(&self, engine: &'e Engine, job: Job, kept: &mut Option<Kept<'e>>) {
         let Job { request, events, admitted_at } = job;
         if events.is_closed() {
             // The client left while the job was queued.
             self.shared.record_cancelled(request.mode);
             return;
         }
-        let result = catch_unwind(AssertUnwindSafe(|| self.generate(&request, &events, admitted_at)));
+        let result = catch_unwind(AssertUnwindSafe(|| self.generate(engine, &request, &events, admitted_at, kept)));
         if let Err(error) = result.map_err(panic_error).and_then(|r| r) {
             self.shared.fail(&request, &events, error);
         }
     }
 
-    fn generate(
+    fn generate<'e>(
         &self,
+        engine: &'e Engine,
         request: &GenerationRequest,
         events: &UnboundedSender<Event>,
         admitted_at: Instant,
+        kept: &mut Option<Kept<'e>>,
     ) -> Result<(), ApiError> {
         let shared = &*self.shared;
-        let engine = &*shared.engine;
         let (prompt_ids, params) = shared.prepare(request)?;
         if events.send(Event::Started { prompt_tokens: prompt_ids.len() }).is_err() {
             shared.record_cancelled(request.mode);
@@ -236,6 +252,37 @@ impl Worker {
         // Requests only name modes whose resources are loaded (checked when parsed).
         let unavailable = |mode: Mode| ApiError::internal(format!("mode {} has nothing loaded", mode.name()));
         let (generation, stats) = match request.mode {
+            // With a kept cache: the decoder of the last request when it can continue (the same mode; for eagle,
+            // greedy with the same settings), else a new one; taken out while it runs, so that a failure or a
+            // panic drops it.
+            mode @ (Mode::Dense | Mode::Eagle) if self.keep_cache => {
+                // Greedy decoding draws no random numbers: the seed does not matter.
+                let unseeded = |s: &decode::SamplingParams| decode::SamplingParams { seed: 0, ..s.clone() };
+                let reusable = |k: &Kept<'_>| {
+                    k.mode == mode
+                        && (mode == Mode::Dense
+                            || (params.sampling.is_greedy() && unseeded(&k.sampling) == unseeded(&params.sampling)))
+                };
+                let mut decoder = match kept.take() {
+                    Some(k) if reusable(&k) => k.decoder,
+                    _ if mode == Mode::Dense => ChatDecoder::dense(engine, ctx, threads),
+                    _ => {
+                        let head = Arc::clone(self.resources.draft.as_ref().ok_or_else(|| unavailable(Mode::Eagle))?);
+                        let datastore = self.resources.datastore.clone();
+                        let proposer = engine::speculative::AnyProposer::eagle(head, None, datastore);
+                        ChatDecoder::tree(engine, ctx, threads, proposer, &params)
+                    }
+                };
+                let turn = decoder.continue_with(engine, prompt_ids, &params, on_text)?;
+                shared.metrics.record_prefix_lookup(turn.reused_tokens);
+                *kept = Some(Kept { mode, sampling: params.sampling.clone(), decoder });
+                let g = turn.generation;
+                let mut stats = DecodeStats::dense(&g, n_layers);
+                if mode == Mode::Eagle {
+                    stats.steps = turn.target_forwards as u64;
+                }
+                (g, stats)
+            }
             Mode::Dense => {
                 let g = engine.generate(&prompt_ids, &params, ctx, threads, on_text)?;
                 let stats = DecodeStats::dense(&g, n_layers);
