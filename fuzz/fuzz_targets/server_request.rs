@@ -8,7 +8,7 @@ use server::wire::{ChatCompletionRequest, CompletionRequest};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, body)) = data.split_first() else { return };
-    let defaults = RequestDefaults { mode: None, vocab_size: 49152, unavailable: Vec::new() };
+    let defaults = RequestDefaults { mode: None, vocab_size: 49152, unavailable: Vec::new(), n_layers: 30 };
     if first & 1 == 0 {
         if let Ok(r) = parse_body::<ChatCompletionRequest>(body) {
             let _ = chat_request(r, &defaults);
