@@ -287,7 +287,8 @@ impl Engine {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
         let (mut out, t1) = self.start_tree(dec, prompt_ids, params)?;
-        let mut sources = Vec::new();
+        // Reused across steps: the step's tokens (copied out of `dec`, which `accepted_sources` borrows next).
+        let (mut sources, mut step) = (Vec::new(), Vec::new());
         'outer: while out.generated.len() < params.max_tokens {
             // The cache holds every committed token but the last (the next root), so a step fits while
             // `committed <= capacity`: like dense, generation fills the cache and emits one token more.
@@ -296,8 +297,10 @@ impl Engine {
                 break;
             }
             let layers_before = dec.layers_run();
-            let step = dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?;
-            let step = step.to_vec();
+            step.clear();
+            step.extend_from_slice(
+                dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?,
+            );
             let layers = dec.layers_run() - layers_before;
             dec.accepted_sources(&mut sources);
             for (i, &next) in step.iter().enumerate() {
