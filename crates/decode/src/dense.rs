@@ -9,6 +9,8 @@ pub struct DenseDecoder<'m> {
     kv: KvCache,
     ws: Workspace,
     hidden: Vec<f32>,
+    /// Logits of [`DenseDecoder::last_logits`].
+    logits: Vec<f32>,
     /// Tokens currently in the cache.
     tokens: Vec<u32>,
 }
@@ -21,6 +23,7 @@ impl<'m> DenseDecoder<'m> {
             kv: model.new_cache(ctx),
             ws: Workspace::new(threads),
             hidden: Vec::new(),
+            logits: Vec::new(),
             tokens: Vec::new(),
         }
     }
@@ -65,6 +68,22 @@ impl<'m> DenseDecoder<'m> {
         let next = self.model.forward_argmax(tokens, &mut self.kv, &mut self.ws, &mut self.hidden)?;
         self.tokens.extend_from_slice(tokens);
         Ok(next)
+    }
+
+    /// Full logits after the last token of the last feed (e.g. after [`DenseDecoder::feed_greedy`], when the
+    /// greedy token is not enough); empty before any feed.
+    pub fn last_logits(&mut self) -> &[f32] {
+        let d = self.model.config.n_embd;
+        let v = self.model.config.vocab_size;
+        if self.hidden.len() < d {
+            return &[];
+        }
+        let last = &self.hidden[self.hidden.len() - d..];
+        let mut normed = vec![0.0; d];
+        self.model.final_norm(last, &mut normed);
+        self.logits.resize(v, 0.0);
+        self.model.head_full(&normed, 1, &mut self.logits, &mut self.ws);
+        &self.logits
     }
 
     /// Appends `tokens` and returns the logits of every one of them (`n × vocab`), e.g. for perplexity.

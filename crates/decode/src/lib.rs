@@ -7,7 +7,10 @@
 //! - [`speculative`]: lossless tree speculative decoding (EAGLE-2 style trees, batched tree verification, greedy
 //!   and rejection-sampling acceptance, KV-cache compaction) behind a [`speculative::Proposer`] trait.
 //! - [`specee`]: speculative early exit — per-layer exit predictors over a draft head's candidates.
+//! - [`constraint`]: grammar constraints on the committed tokens ([`constraint::TokenConstraint`]), which dense
+//!   and tree speculative decoding follow.
 
+pub mod constraint;
 pub mod dense;
 pub mod sampling;
 pub mod specee;
@@ -16,6 +19,7 @@ pub mod speculative;
 #[cfg(test)]
 pub(crate) mod test_util;
 
+pub use constraint::{ConstraintError, TokenConstraint};
 pub use dense::DenseDecoder;
 pub use sampling::{Sampler, SamplingParams};
 pub use speculative::SpeculativeDecoder;

@@ -30,13 +30,8 @@ fn main() {
     let eng = Engine::load(Path::new(&args[1])).expect("loading the model");
     eng.model.warm_head_screen(threads);
     let prompts = engine::bench::read_prompts(&eng, Path::new(&args[2])).expect("reading the prompts");
-    let params = GenerateParams {
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        stop_at_eog: false,
-        stop: Vec::new(),
-        trace: None,
-    };
+    let params =
+        GenerateParams { max_tokens: n, sampling: SamplingParams::greedy(), stop_at_eog: false, ..Default::default() };
     let vocab = eng.model.config.vocab_size;
     let (mut dense_s, mut tokens) = (0.0, 0usize);
     let mut oracle_s = vec![0.0; depths.len()];

@@ -81,6 +81,10 @@ use crate::speculative::speculative_error as specee_error;
 
 /// Early exit has no full distribution to sample from: refuse sampling for `mode`.
 pub(crate) fn greedy_only(params: &GenerateParams, mode: &str) -> Result<(), EngineError> {
+    if params.grammar.is_some() {
+        let why = format!("--mode {mode} cannot follow a grammar or JSON schema yet (use --mode dense or eagle)");
+        return Err(EngineError::Unsupported(why));
+    }
     if params.sampling.is_greedy() {
         Ok(())
     } else {

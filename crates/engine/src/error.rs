@@ -47,7 +47,16 @@ pub enum EngineError {
     PromptFile { path: PathBuf, line: usize, why: String },
     #[error("{} has no prompts", .0.display())]
     NoPrompts(PathBuf),
+    /// A grammar or JSON schema that cannot be compiled or followed (llguidance's message).
+    #[error("grammar: {0}")]
+    Grammar(String),
     /// A reasoning profile that cannot be used (the message names it and why).
     #[error("{0}")]
     Profile(String),
+}
+
+impl From<decode::ConstraintError> for EngineError {
+    fn from(e: decode::ConstraintError) -> Self {
+        EngineError::Grammar(e.0)
+    }
 }

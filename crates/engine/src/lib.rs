@@ -12,8 +12,10 @@
 //! 7. [`conversation`]: multi-turn chat with the KV cache kept between turns (`specee chat`).
 //! 8. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
 //!    that trained artifacts record and are checked against on load.
+//! 9. [`constraint`]: grammar-constrained generation (JSON schema, Lark) through llguidance.
 
 pub mod bench;
+pub mod constraint;
 pub mod conversation;
 pub mod early_exit;
 pub mod error;

@@ -3,7 +3,7 @@
 //! it); `--chat` prompts are first rendered with the model's own chat template.
 
 use crate::error::EngineError;
-use decode::{DenseDecoder, Sampler, SamplingParams};
+use decode::{DenseDecoder, Sampler, SamplingParams, TokenConstraint};
 use model::Model;
 use std::path::Path;
 use std::time::Instant;
@@ -13,6 +13,8 @@ use tokenizer::{chat, StreamDecoder, Tokenizer};
 pub struct Engine {
     pub model: Model,
     pub tokenizer: Tokenizer,
+    /// llguidance's view of the vocabulary, built on first use ([`Engine::grammar_env`]).
+    pub(crate) grammar: std::sync::OnceLock<crate::constraint::GrammarEnv>,
 }
 
 /// What to generate.
@@ -28,6 +30,9 @@ pub struct GenerateParams {
     /// Where each generated token came from is appended here, just before its text reaches the `on_text`
     /// callback (the chat page and `specee chat` show it); `None`: not recorded.
     pub trace: Option<TraceSink>,
+    /// A grammar the output must follow (`--json-schema`, `--grammar`, `response_format`): dense and eagle
+    /// follow it (eagle's output equals constrained dense's); generation ends where the grammar does.
+    pub grammar: Option<crate::constraint::GrammarSpec>,
 }
 
 impl Default for GenerateParams {
@@ -38,6 +43,7 @@ impl Default for GenerateParams {
             stop_at_eog: true,
             stop: Vec::new(),
             trace: None,
+            grammar: None,
         }
     }
 }
@@ -144,7 +150,7 @@ impl Engine {
         }
         let model = Model::load(path)?;
         let tokenizer = Tokenizer::from_gguf(model.gguf())?;
-        Ok(Engine { model, tokenizer })
+        Ok(Engine { model, tokenizer, grammar: std::sync::OnceLock::new() })
     }
 
     /// The text the model sees for `prompt`: itself, or with `chat` one user message rendered by the model's
@@ -219,12 +225,33 @@ impl Engine {
         history.extend_from_slice(prompt_ids);
 
         // Greedy settings without a penalty need only the argmax (the head screen), everything else the logits.
+        // Under a grammar the token is the best allowed one: the screen's when allowed, else from the logits.
         let greedy = params.sampling.is_greedy();
-        let mut step = |dec: &mut DenseDecoder, ids: &[u32], history: &[u32]| -> Result<u32, EngineError> {
-            Ok(if greedy { dec.feed_greedy(ids)? } else { sampler.sample(dec.feed(ids)?, history) })
+        let mut constraint = params.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
+        let mut scratch = Vec::new();
+        type Grammar = crate::constraint::Constraint;
+        let mut step = |dec: &mut DenseDecoder, ids: &[u32], history: &[u32], constraint: Option<&mut Grammar>| {
+            Ok::<u32, EngineError>(match (greedy, constraint) {
+                (true, None) => dec.feed_greedy(ids)?,
+                (false, None) => sampler.sample(dec.feed(ids)?, history),
+                (true, Some(c)) => {
+                    let argmax = dec.feed_greedy(ids)?;
+                    let full = |out: &mut Vec<f32>| {
+                        out.clear();
+                        out.extend_from_slice(dec.last_logits());
+                    };
+                    decode::constraint::constrained_argmax(argmax, c, full, &mut scratch)?
+                }
+                (false, Some(c)) => {
+                    scratch.clear();
+                    scratch.extend_from_slice(dec.feed(ids)?);
+                    c.mask(&mut scratch)?;
+                    sampler.sample(&scratch, history)
+                }
+            })
         };
         let t0 = Instant::now();
-        let mut next = step(dec, prompt_ids, &history)?;
+        let mut next = step(dec, prompt_ids, &history, constraint.as_mut())?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         while out.generated.len() < params.max_tokens {
@@ -232,6 +259,13 @@ impl Engine {
                 break;
             }
             history.push(next);
+            if let Some(c) = constraint.as_mut() {
+                c.commit(next)?;
+                if c.is_finished() {
+                    out.finish = FinishReason::Stop;
+                    break;
+                }
+            }
             if out.generated.len() == params.max_tokens {
                 break;
             }
@@ -239,7 +273,7 @@ impl Engine {
                 out.finish = FinishReason::ContextFull;
                 break;
             }
-            next = step(dec, &[next], &history)?;
+            next = step(dec, &[next], &history, constraint.as_mut())?;
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))
     }

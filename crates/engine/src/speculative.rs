@@ -16,6 +16,7 @@ use decode::speculative::{
     Datastore, DraftHead, DraftSource, EagleProposer, NgramProposer, Proposer, PublishedHead, PublishedProposer,
     SpeculativeDecoder, SpeculativeStats, TreeConfig,
 };
+use decode::TokenConstraint;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -286,6 +287,7 @@ impl Engine {
         capacity: usize,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
+        let mut constraint = params.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
         let (mut out, t1) = self.start_tree(dec, prompt_ids, params)?;
         // Reused across steps: the step's tokens (copied out of `dec`, which `accepted_sources` borrows next).
         let (mut sources, mut step) = (Vec::new(), Vec::new());
@@ -298,9 +300,12 @@ impl Engine {
             }
             let layers_before = dec.layers_run();
             step.clear();
-            step.extend_from_slice(
-                dec.step_at_most(params.max_tokens - out.generated.len()).map_err(speculative_error)?,
-            );
+            let at_most = params.max_tokens - out.generated.len();
+            let committed = match constraint.as_mut() {
+                Some(c) => dec.step_constrained(at_most, c),
+                None => dec.step_at_most(at_most),
+            };
+            step.extend_from_slice(committed.map_err(speculative_error)?);
             let layers = dec.layers_run() - layers_before;
             dec.accepted_sources(&mut sources);
             for (i, &next) in step.iter().enumerate() {
@@ -313,6 +318,11 @@ impl Engine {
                 if !out.push_traced(next, source, layers, &mut on_text) {
                     break 'outer;
                 }
+            }
+            // The step stops at the grammar's end (its last token is then the bonus).
+            if constraint.as_ref().is_some_and(|c| c.is_finished()) {
+                out.finish = crate::FinishReason::Stop;
+                break;
             }
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))
@@ -333,6 +343,15 @@ pub(crate) trait TreeSteps {
     fn committed(&self) -> usize;
     /// One step committing at most `max_tokens` tokens.
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError>;
+    /// [`TreeSteps::step_at_most`] under a grammar (`constraint` follows every committed token); by default not
+    /// supported.
+    fn step_constrained(
+        &mut self,
+        _max_tokens: usize,
+        _constraint: &mut dyn decode::TokenConstraint,
+    ) -> Result<&[u32], decode::speculative::SpeculativeError> {
+        Err(decode::speculative::SpeculativeError::Proposer("this mode cannot follow a grammar".into()))
+    }
     /// Who drafted the accepted drafts of the last step (its committed tokens but the last), into `out`.
     fn accepted_sources(&self, out: &mut Vec<DraftSource>);
     /// Layers run per tree forward, summed over the forwards so far.
@@ -348,6 +367,13 @@ impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
     }
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
         SpeculativeDecoder::step_at_most(self, max_tokens)
+    }
+    fn step_constrained(
+        &mut self,
+        max_tokens: usize,
+        constraint: &mut dyn decode::TokenConstraint,
+    ) -> Result<&[u32], decode::speculative::SpeculativeError> {
+        SpeculativeDecoder::step_constrained(self, max_tokens, constraint)
     }
     fn accepted_sources(&self, out: &mut Vec<DraftSource>) {
         out.clear();

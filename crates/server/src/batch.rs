@@ -21,6 +21,7 @@ use crate::mode::{DecodeStats, Mode};
 use crate::request::GenerationRequest;
 use crate::scheduler::{panic_error, stream_piece, Event, Job, Shared};
 use decode::Sampler;
+use decode::TokenConstraint;
 use engine::{Emitter, FinishReason, GenerateParams};
 use model::{KvCache, Workspace};
 use std::collections::VecDeque;
@@ -150,6 +151,8 @@ struct Active<'e> {
     /// The token to feed next once the prompt is in (the last one generated).
     next: Option<u32>,
     sampler: Sampler,
+    /// The grammar its tokens follow (`response_format`), if any: its rows get full logits, masked.
+    constraint: Option<engine::constraint::Constraint>,
     emitter: Emitter<'e>,
     holdback: Holdback,
     reserve: usize,
@@ -259,7 +262,17 @@ impl Batcher {
                 metrics.kv_reserved.store(reserved, Ordering::Relaxed);
                 let Waiting { job, prompt, params, reserve } = w;
                 let prompt_len = prompt.len();
+                // Compiled once already when the request was checked (a bad grammar never gets here).
+                let constraint = match params.grammar.as_ref().map(|g| engine.constraint(g)).transpose() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        shared.fail(&job.request, &job.events, e.into());
+                        self.release(0, &mut reserved);
+                        continue;
+                    }
+                };
                 active.push(Active {
+                    constraint,
                     emitter: Emitter::new(engine, &params, prompt_len),
                     sampler: Sampler::new(params.sampling.clone()),
                     holdback: Holdback::new(job.request.stop.clone()),
@@ -402,7 +415,7 @@ impl Batcher {
             if a.kv.seq_len() < a.prompt_len {
                 continue;
             }
-            if a.params.sampling.is_greedy() {
+            if a.params.sampling.is_greedy() && a.constraint.is_none() {
                 greedy.push((i, row_end - 1));
             } else {
                 sampled.push((i, row_end - 1));
@@ -427,7 +440,24 @@ impl Batcher {
                 model.head_full(normed, n, logits, ws);
                 for (r, &(i, _)) in group.iter().enumerate() {
                     let a = &mut active[i];
-                    let t = a.sampler.sample(&logits[r * vocab..(r + 1) * vocab], &a.history);
+                    let row = &mut logits[r * vocab..(r + 1) * vocab];
+                    let t = match a.constraint.as_mut() {
+                        None => a.sampler.sample(row, &a.history),
+                        Some(c) if a.params.sampling.is_greedy() => match decode::constraint::masked_argmax(c, row) {
+                            Ok(t) => t,
+                            Err(e) => {
+                                self.fail_grammar(a, e);
+                                continue;
+                            }
+                        },
+                        Some(c) => match c.mask(row) {
+                            Ok(()) => a.sampler.sample(row, &a.history),
+                            Err(e) => {
+                                self.fail_grammar(a, e);
+                                continue;
+                            }
+                        },
+                    };
                     next.push((i, t));
                 }
             }
@@ -459,12 +489,33 @@ impl Batcher {
         }
         a.history.push(token);
         a.next = Some(token);
+        if let Some(c) = a.constraint.as_mut() {
+            if let Err(e) = c.commit(token) {
+                self.fail_grammar(a, e);
+                return;
+            }
+            if c.is_finished() {
+                a.emitter.finish = FinishReason::Stop;
+                a.done = true;
+                return;
+            }
+        }
         if a.emitter.generated.len() >= a.params.max_tokens {
             a.done = true;
         } else if a.kv.seq_len() >= a.kv.capacity() {
             a.emitter.finish = FinishReason::ContextFull;
             a.done = true;
         }
+    }
+
+    /// Ends a request whose grammar failed mid-generation (llguidance's error; a 500, as it is no fault of the
+    /// request, which compiled).
+    fn fail_grammar(&self, a: &mut Active<'_>, e: decode::ConstraintError) {
+        if !a.failed {
+            self.shared.fail(&a.request, &a.events, engine::EngineError::from(e).into());
+        }
+        a.failed = true;
+        a.done = true;
     }
 
     /// Answers a request that ended (unless its failure was already answered) and frees what it held.

@@ -38,6 +38,16 @@ impl Mode {
         matches!(self, Mode::Specee | Mode::SpeceeEagle)
     }
 
+    /// Whether the mode can follow a grammar with these settings: dense always, eagle when greedy (its output
+    /// then equals constrained dense's), the early-exit modes not yet.
+    pub fn follows_grammar(self, sampling: &decode::SamplingParams) -> bool {
+        match self {
+            Mode::Dense => true,
+            Mode::Eagle => sampling.is_greedy(),
+            Mode::Specee | Mode::SpeceeEagle => false,
+        }
+    }
+
     /// The mode called `name`.
     pub fn parse(name: &str) -> Option<Mode> {
         Mode::ALL.iter().copied().find(|m| m.name() == name)

@@ -1,6 +1,5 @@
 //! From an OpenAI request body to what the engine runs: parse the JSON (errors name the field at fault),
-//! check every value, refuse what is not supported with a 400 (`n > 1`, tools, logprobs, non-text response
-//! formats, unknown fields), and fill in defaults.
+//! check every value, refuse what is not supported with a 400 (`n > 1`, tools, logprobs, unknown fields), and fill in defaults.
 //!
 //! Defaults: OpenAI's where OpenAI's API has the field — `temperature` 1.0, `top_p` 1.0, a random `seed`,
 //! `max_tokens` 16 for completions and "until the context is full" for chat — and llama.cpp's for the
@@ -11,6 +10,7 @@ use crate::error::ApiError;
 use crate::mode::Mode;
 use crate::wire::{self, MessageContent, Prompt, SpeceeOptions, Stop};
 use decode::SamplingParams;
+use engine::constraint::GrammarSpec;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use tokenizer::chat::Message;
@@ -51,6 +51,8 @@ pub struct GenerationRequest {
     /// Streaming (chat): where each token came from is collected here and sent with the chunks
     /// (`stream_options.include_specee`).
     pub trace: Option<engine::TraceSink>,
+    /// A grammar the output must follow (`response_format`, `specee.grammar`).
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// Server-wide settings requests fall back on.
@@ -98,7 +100,11 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Validates a chat request.
-pub fn chat_request(r: wire::ChatCompletionRequest, defaults: &RequestDefaults) -> Result<GenerationRequest, ApiError> {
+pub fn chat_request(
+    mut r: wire::ChatCompletionRequest,
+    defaults: &RequestDefaults,
+) -> Result<GenerationRequest, ApiError> {
+    let response_format = r.extra.remove("response_format");
     check_extra_fields(&r.extra, "")?;
     check_n(r.n)?;
     if r.messages.is_empty() {
@@ -131,6 +137,7 @@ pub fn chat_request(r: wire::ChatCompletionRequest, defaults: &RequestDefaults) 
         stream: r.stream,
         stream_options: r.stream_options,
         specee: r.specee,
+        response_format,
     };
     common.finish(PromptInput::Chat(messages), defaults)
 }
@@ -148,9 +155,10 @@ fn no_specee_stream(options: &Option<wire::StreamOptions>) -> Result<(), ApiErro
 
 /// Validates a completions request.
 pub fn completion_request(
-    r: wire::CompletionRequest,
+    mut r: wire::CompletionRequest,
     defaults: &RequestDefaults,
 ) -> Result<GenerationRequest, ApiError> {
+    let response_format = r.extra.remove("response_format");
     check_extra_fields(&r.extra, "")?;
     check_n(r.n)?;
     let input = match r.prompt {
@@ -189,6 +197,7 @@ pub fn completion_request(
         stream: r.stream,
         stream_options: r.stream_options,
         specee: r.specee,
+        response_format,
     };
     common.finish(input, defaults)
 }
@@ -203,6 +212,56 @@ struct Common {
     stream: Option<bool>,
     stream_options: Option<wire::StreamOptions>,
     specee: Option<SpeceeOptions>,
+    response_format: Option<Value>,
+}
+
+/// Most bytes of a `response_format` schema or a `specee.grammar` (compilation is bounded too).
+pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
+
+/// The grammar `response_format` asks for: `text` (or absent) none; `json_object` any JSON object (or, as
+/// llama-server accepts, the object's `schema`); `json_schema` its `json_schema.schema` (`strict` or not, the
+/// output always follows it).
+fn response_format(format: Option<Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    let bad = |field: &str, why: String| ApiError::invalid_param(field, why);
+    let format = match format {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(bad("response_format", "'response_format' must be an object".into())),
+    };
+    let schema = |v: &Value, field: &str| -> Result<GrammarSpec, ApiError> {
+        if !v.is_object() && !v.is_boolean() {
+            return Err(bad(field, format!("'{field}' must be a JSON schema (an object)")));
+        }
+        if v.to_string().len() > MAX_GRAMMAR_BYTES {
+            return Err(bad(field, format!("'{field}' is larger than {MAX_GRAMMAR_BYTES} bytes")));
+        }
+        Ok(GrammarSpec::JsonSchema(v.clone()))
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => match format.get("schema") {
+            Some(v) => schema(v, "response_format.schema").map(Some),
+            None => Ok(Some(GrammarSpec::json_object())),
+        },
+        Some("json_schema") => {
+            let Some(js) = format.get("json_schema").and_then(Value::as_object) else {
+                return Err(bad(
+                    "response_format.json_schema",
+                    "'response_format' of type 'json_schema' needs a 'json_schema' object with a 'schema'".into(),
+                ));
+            };
+            match js.get("schema") {
+                Some(v) => schema(v, "response_format.json_schema.schema").map(Some),
+                // OpenAI's `schema` is optional: any JSON value then.
+                None => Ok(Some(GrammarSpec::JsonSchema(serde_json::json!({})))),
+            }
+        }
+        Some(other) => Err(bad(
+            "response_format.type",
+            format!("unknown response_format type '{other}' (expected text, json_object or json_schema)"),
+        )),
+        None => Err(bad("response_format.type", "'response_format' needs a 'type'".into())),
+    }
 }
 
 impl Common {
@@ -254,6 +313,7 @@ impl Common {
             SamplingParams { temperature: temperature as f32, top_p: top_p as f32, seed, ..Default::default() };
         let mut mode = defaults.mode;
         let mut stop_at_eog = true;
+        let mut grammar = None;
         if let Some(x) = self.specee {
             if let Some(name) = x.mode {
                 mode = Some(Mode::parse(&name).ok_or_else(|| {
@@ -287,6 +347,20 @@ impl Common {
                 sampling.repeat_penalty = p as f32;
             }
             stop_at_eog = !x.ignore_eos.unwrap_or(false);
+            if let Some(g) = x.grammar {
+                if g.len() > MAX_GRAMMAR_BYTES {
+                    let why = format!("'specee.grammar' is larger than {MAX_GRAMMAR_BYTES} bytes");
+                    return Err(ApiError::invalid_param("specee.grammar", why));
+                }
+                grammar = Some(GrammarSpec::Lark(g));
+            }
+        }
+        if let Some(format) = response_format(self.response_format)? {
+            if grammar.is_some() {
+                let why = "give either 'response_format' or 'specee.grammar', not both";
+                return Err(ApiError::invalid_param("specee.grammar", why));
+            }
+            grammar = Some(format);
         }
         let mode = mode.unwrap_or_else(|| defaults.auto(&sampling));
         if let Some((_, why)) = defaults.unavailable.iter().find(|(m, _)| *m == mode) {
@@ -304,7 +378,18 @@ impl Common {
                 ),
             ));
         }
+        if grammar.is_some() && !mode.follows_grammar(&sampling) {
+            return Err(ApiError::invalid_param(
+                "response_format",
+                format!(
+                    "decoding mode '{}' cannot follow a response format or grammar{}: use mode 'dense' (or 'eagle' with temperature 0)",
+                    mode.name(),
+                    if mode == Mode::Eagle { " when sampling" } else { "" }
+                ),
+            ));
+        }
         Ok(GenerationRequest {
+            grammar,
             input,
             max_tokens: self.max_tokens,
             sampling,
@@ -428,7 +513,6 @@ fn extra_policy(name: &str) -> Option<Extra> {
         "tools" | "tool_choice" | "functions" | "function_call" | "tool_calls" | "tool_call_id" => {
             Extra::OnlyNeutral("tool calling is not supported")
         }
-        "response_format" => Extra::OnlyNeutral("only {\"type\": \"text\"} responses are supported"),
         "frequency_penalty" | "presence_penalty" => {
             Extra::OnlyNeutral("frequency and presence penalties are not supported (see specee.repeat_penalty)")
         }
@@ -451,9 +535,7 @@ fn is_neutral(name: &str, value: &Value) -> bool {
         Value::Number(n) => n.as_f64() == Some(if name == "best_of" { 1.0 } else { 0.0 }),
         Value::String(s) => s.is_empty() || (s == "none" && matches!(name, "tool_choice" | "function_call")),
         Value::Array(a) => a.is_empty() || (name == "modalities" && a.iter().all(|m| m == "text")),
-        Value::Object(o) => {
-            o.is_empty() || (name == "response_format" && o.len() == 1 && o.get("type").is_some_and(|t| t == "text"))
-        }
+        Value::Object(o) => o.is_empty(),
         Value::Bool(true) => false,
     }
 }
@@ -581,6 +663,24 @@ mod tests {
     }
 
     #[test]
+    fn response_formats_become_grammars() {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        let grammar = |extra: &str| chat(&format!("{{{msgs}, {extra}}}")).unwrap().grammar;
+        assert_eq!(grammar(r#""response_format": {"type": "text"}"#), None);
+        assert_eq!(grammar(r#""response_format": {"type": "json_object"}"#), Some(GrammarSpec::json_object()));
+        let schema = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let body = format!(
+            r#""response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "strict": true, "schema": {schema}}}}}"#
+        );
+        assert_eq!(grammar(&body), Some(GrammarSpec::JsonSchema(schema.clone())));
+        let body = format!(r#""response_format": {{"type": "json_object", "schema": {schema}}}"#);
+        assert_eq!(grammar(&body), Some(GrammarSpec::JsonSchema(schema)));
+        assert_eq!(grammar(r#""specee": {"grammar": "start: \"a\""}"#), Some(GrammarSpec::Lark("start: \"a\"".into())));
+        let completion = completion(r#"{"prompt": "x", "response_format": {"type": "json_object"}}"#).unwrap();
+        assert_eq!(completion.grammar, Some(GrammarSpec::json_object()));
+    }
+
+    #[test]
     fn unsupported_and_unknown_fields_refused() {
         let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
         for (extra, want) in [
@@ -588,7 +688,18 @@ mod tests {
             (r#""n": 0"#, "n"),
             (r#""tools": [{"type": "function"}]"#, "tools"),
             (r#""logprobs": true"#, "logprobs"),
-            (r#""response_format": {"type": "json_object"}"#, "response_format"),
+            (r#""response_format": {"type": "xml"}"#, "response_format.type"),
+            (r#""response_format": {"type": "json_schema"}"#, "response_format.json_schema"),
+            (
+                r#""response_format": {"type": "json_schema", "json_schema": {"schema": 3}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (r#""response_format": "json""#, "response_format"),
+            (r#""response_format": {"type": "json_object"}, "specee": {"grammar": "start: \"a\""}"#, "specee.grammar"),
+            (
+                r#""response_format": {"type": "json_object"}, "specee": {"mode": "eagle"}, "temperature": 0.5"#,
+                "response_format",
+            ),
             (r#""frobnicate": 1"#, "frobnicate"),
             (r#""max_tokens": -5"#, "max_tokens"),
             (r#""max_tokens": 0"#, "max_tokens"),

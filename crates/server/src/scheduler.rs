@@ -379,6 +379,16 @@ impl Shared {
         if prompt_ids.len() >= self.ctx {
             return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx: self.ctx }.into());
         }
+        // A schema or grammar that cannot compile is the request's fault: a 400 before anything streams.
+        if let Some(spec) = &request.grammar {
+            engine.constraint(spec).map_err(|e| {
+                let param = match spec {
+                    engine::constraint::GrammarSpec::JsonSchema(_) => "response_format",
+                    engine::constraint::GrammarSpec::Lark(_) => "specee.grammar",
+                };
+                ApiError::invalid_param(param, format!("{param} cannot be used: {e}"))
+            })?;
+        }
         let room = self.ctx - prompt_ids.len();
         let params = GenerateParams {
             max_tokens: request.max_tokens.map_or(room, |m| m.min(room)),
@@ -386,6 +396,7 @@ impl Shared {
             stop_at_eog: request.stop_at_eog,
             stop: request.stop.clone(),
             trace: request.trace.clone(),
+            grammar: request.grammar.clone(),
         };
         Ok((prompt_ids, params))
     }

@@ -111,6 +111,8 @@ pub struct SpeceeOptions {
     pub repeat_penalty: Option<f64>,
     /// Keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// A grammar the output must follow, in llguidance's Lark dialect (instead of `response_format`).
+    pub grammar: Option<String>,
 }
 
 fn type_name(v: &Value) -> &'static str {

@@ -38,6 +38,14 @@ pub struct Args {
     pub reasoning: Option<String>,
     #[command(flatten)]
     pub exit: super::ReasoningExitArgs,
+    /// Constrain the output to a JSON schema (a JSON file; `{}` for any JSON value): the output is JSON that
+    /// validates against it, ending where the JSON does. Dense and eagle (identical output) follow it.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// Constrain the output to a grammar in llguidance's Lark dialect (a text file; `start: …` rules,
+    /// GBNF-like; `%json {…}` embeds a JSON schema).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<std::path::PathBuf>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -46,12 +54,29 @@ pub struct Args {
     pub json: bool,
 }
 
+/// The grammar `--json-schema` or `--grammar` names, read and parsed (a clear error for a missing file or bad JSON).
+fn grammar_spec(
+    schema: Option<&std::path::Path>,
+    lark: Option<&std::path::Path>,
+) -> anyhow::Result<Option<engine::constraint::GrammarSpec>> {
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()));
+    Ok(match (schema, lark) {
+        (Some(p), _) => {
+            let v = serde_json::from_str(&read(p)?).map_err(|e| anyhow::anyhow!("{}: not JSON: {e}", p.display()))?;
+            Some(engine::constraint::GrammarSpec::JsonSchema(v))
+        }
+        (None, Some(p)) => Some(engine::constraint::GrammarSpec::Lark(read(p)?)),
+        (None, None) => None,
+    })
+}
+
 pub fn run(mut a: Args) -> anyhow::Result<()> {
     let (eng, model_path) = a.model.load_with_path()?;
     let params = GenerateParams {
         max_tokens: a.n,
         sampling: a.sampling.params(),
         stop_at_eog: !a.ignore_eos,
+        grammar: grammar_spec(a.json_schema.as_deref(), a.grammar.as_deref())?,
         ..Default::default()
     };
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);

@@ -139,7 +139,8 @@ def main():
         ("n=2", {"n": 2}),
         ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]}),
         ("logprobs", {"logprobs": True}),
-        ("json response_format", {"response_format": {"type": "json_object"}}),
+        ("unknown response_format", {"response_format": {"type": "xml"}}),
+        ("unusable json schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
         ("unknown mode", {"extra_body": {"specee": {"mode": "warp"}}}),
         ("unknown field", {"extra_body": {"frobnicate": True}}),
     ]:

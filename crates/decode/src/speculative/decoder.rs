@@ -10,9 +10,10 @@ use super::acceptance::{
     accept_greedy, accept_greedy_tokens, accept_sampled, Acceptance, AcceptanceScratch, NodeLogits,
 };
 use super::proposer::{DraftContext, FeatureSource, Proposer};
-use super::tree::DraftTree;
+use super::tree::{DraftTree, ROOT};
 use super::verify::Verifier;
 use super::SpeculativeError;
+use crate::constraint::{constrained_argmax, TokenConstraint};
 use crate::sampling::{Rng, SamplingParams};
 use model::{KvCache, Model, ModelError, Workspace};
 use std::time::{Duration, Instant};
@@ -89,6 +90,8 @@ pub struct SpeculativeDecoder<'m, P: Proposer> {
     acceptance: Acceptance,
     scratch: AcceptanceScratch,
     stats: SpeculativeStats,
+    /// Logits of one row when the grammar forbids its argmax ([`SpeculativeDecoder::step_constrained`]).
+    constrained_logits: Vec<f32>,
 }
 
 impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
@@ -114,6 +117,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             acceptance: Acceptance::default(),
             scratch: AcceptanceScratch::default(),
             stats: SpeculativeStats::default(),
+            constrained_logits: Vec::new(),
         }
     }
 
@@ -218,37 +222,8 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
     /// [`SpeculativeDecoder::step`], committing at most `max_tokens` tokens (at least 1): the tree is cut below
     /// depth `max_tokens - 1`. Use it to stop exactly at a length limit.
     pub fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], SpeculativeError> {
-        let root = *self.tokens.last().ok_or(SpeculativeError::EmptyContext)?;
-        let start = self.kv.seq_len();
-        let room = self.kv.capacity().saturating_sub(start);
-        if room == 0 {
-            return Err(ModelError::ContextFull { needed: start + 1, capacity: self.kv.capacity() }.into());
-        }
-
-        // 1. Propose (unless only the root could be verified anyway).
-        let t0 = Instant::now();
-        self.tree.reset(root);
-        if max_tokens > 1 && room > 1 {
-            let context = DraftContext {
-                model: self.model,
-                pool: self.ws.pool(),
-                tokens: &self.tokens,
-                features: &self.features,
-                feature_width: self.feature_width,
-                stable_prefix: self.stable_prefix,
-            };
-            self.proposer.propose(&context, &mut self.tree)?;
-            self.stable_prefix = self.tokens.len();
-        }
-        self.tree.prune_deeper_than(max_tokens.max(1) - 1);
-        self.tree.truncate(room);
+        let (start, t1) = self.draft(max_tokens)?;
         let vocab = self.model.config.vocab_size;
-        if let Some((node, n)) = self.tree.nodes().iter().enumerate().find(|(_, n)| n.token as usize >= vocab) {
-            return Err(SpeculativeError::BadDraftToken { node, token: n.token, vocab });
-        }
-        let t1 = Instant::now();
-        self.stats.draft_time += t1 - t0;
-
         // 2. Verify and 3. accept. Greedy settings without a penalty need only each node's greedy token (the
         // head screen); everything else needs the logits.
         let greedy_only = self.params.is_greedy();
@@ -281,7 +256,119 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             return Err(e.into());
         }
 
-        // 4. Compact the cache to root + accepted path, and commit.
+        Ok(self.commit(start, t1))
+    }
+
+    /// [`SpeculativeDecoder::step_at_most`] under a grammar: drafts the grammar forbids are dropped before the
+    /// verification, and every committed token is the target's best *allowed* token, so the output is exactly
+    /// what constrained dense greedy decoding commits ([`crate::constraint::constrained_argmax`]); `constraint`
+    /// follows every committed token (the root already in it). Greedy settings without a penalty only.
+    pub fn step_constrained(
+        &mut self,
+        max_tokens: usize,
+        constraint: &mut dyn TokenConstraint,
+    ) -> Result<&[u32], SpeculativeError> {
+        if !self.params.is_greedy() {
+            return Err(SpeculativeError::ConstrainedSampling);
+        }
+        let (start, t1) = self.draft(max_tokens)?;
+        // Drop the drafts the grammar forbids: a node survives when its whole path is valid.
+        let mut path = Vec::new();
+        let tree = &self.tree;
+        let valid: Vec<bool> = (0..tree.len())
+            .map(|i| {
+                tree.path_tokens(i, &mut path);
+                constraint.valid_prefix(&path) == path.len()
+            })
+            .collect();
+        self.tree.retain(|i, _| valid[i]);
+
+        let (model, tree, fs) = (self.model, &self.tree, &self.feature_source);
+        let verified =
+            self.verifier.verify_tree_greedy(model, tree, &mut self.kv, &mut self.ws, fs).map(|c| c.to_vec());
+        let choices = match verified {
+            Ok(c) => c,
+            Err(e) => {
+                self.kv.truncate(start);
+                return Err(e.into());
+            }
+        };
+        // The greedy walk, each choice the best allowed token (full logits of a row only where the grammar
+        // forbids its argmax).
+        let acceptance = &mut self.acceptance;
+        acceptance.path.clear();
+        acceptance.path.push(ROOT);
+        let mut node = ROOT;
+        let mut scratch = std::mem::take(&mut self.constrained_logits);
+        let walked = loop {
+            let (verifier, ws) = (&self.verifier, &mut self.ws);
+            let full = |out: &mut Vec<f32>| verifier.row_logits(model, node, ws, out);
+            let token = match constrained_argmax(choices[node], constraint, full, &mut scratch) {
+                Ok(t) => t,
+                Err(e) => break Err(e),
+            };
+            if let Err(e) = constraint.commit(token) {
+                break Err(e);
+            }
+            // At the grammar's end the step ends too: its last token becomes the bonus (the next root).
+            let child = tree.children(node).find(|&c| tree.node(c).token == token);
+            match child.filter(|_| !constraint.is_finished()) {
+                Some(child) => {
+                    node = child;
+                    acceptance.path.push(child);
+                }
+                None => {
+                    acceptance.bonus = token;
+                    break Ok(());
+                }
+            }
+        };
+        self.constrained_logits = scratch;
+        if let Err(e) = walked {
+            self.kv.truncate(start);
+            return Err(e.into());
+        }
+        Ok(self.commit(start, t1))
+    }
+
+    /// Step 1: drafts a tree below the root (none when only the root fits) and checks its tokens; returns the
+    /// cache length before the step and when drafting ended.
+    fn draft(&mut self, max_tokens: usize) -> Result<(usize, Instant), SpeculativeError> {
+        let root = *self.tokens.last().ok_or(SpeculativeError::EmptyContext)?;
+        let start = self.kv.seq_len();
+        let room = self.kv.capacity().saturating_sub(start);
+        if room == 0 {
+            return Err(ModelError::ContextFull { needed: start + 1, capacity: self.kv.capacity() }.into());
+        }
+
+        // 1. Propose (unless only the root could be verified anyway).
+        let t0 = Instant::now();
+        self.tree.reset(root);
+        if max_tokens > 1 && room > 1 {
+            let context = DraftContext {
+                model: self.model,
+                pool: self.ws.pool(),
+                tokens: &self.tokens,
+                features: &self.features,
+                feature_width: self.feature_width,
+                stable_prefix: self.stable_prefix,
+            };
+            self.proposer.propose(&context, &mut self.tree)?;
+            self.stable_prefix = self.tokens.len();
+        }
+        self.tree.prune_deeper_than(max_tokens.max(1) - 1);
+        self.tree.truncate(room);
+        let vocab = self.model.config.vocab_size;
+        if let Some((node, n)) = self.tree.nodes().iter().enumerate().find(|(_, n)| n.token as usize >= vocab) {
+            return Err(SpeculativeError::BadDraftToken { node, token: n.token, vocab });
+        }
+        let t1 = Instant::now();
+        self.stats.draft_time += t1 - t0;
+        Ok((start, t1))
+    }
+
+    /// Step 4: compacts the cache to root + accepted path and commits the path's tokens and the bonus.
+    fn commit(&mut self, start: usize, t1: Instant) -> &[u32] {
         let path = &self.acceptance.path;
         self.kv.compact(start, path);
         let width = self.feature_width;
@@ -299,6 +386,6 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         self.stats.committed_tokens += self.tokens.len() - first_new;
         self.stats.drafted_nodes += self.tree.len() - 1;
         self.stats.accepted_drafts += path.len() - 1;
-        Ok(&self.tokens[first_new..])
+        &self.tokens[first_new..]
     }
 }

@@ -72,4 +72,8 @@ pub enum SpeculativeError {
     BadDraftToken { node: usize, token: u32, vocab: usize },
     #[error("the proposer failed: {0}")]
     Proposer(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
+    #[error("grammar-constrained tree decoding needs greedy settings without a repetition penalty")]
+    ConstrainedSampling,
 }

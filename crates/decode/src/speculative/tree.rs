@@ -160,12 +160,19 @@ impl DraftTree {
         if self.depth() <= max_depth {
             return;
         }
+        self.retain(|_, node| node.depth <= max_depth);
+    }
+
+    /// Keeps the root and the nodes `keep(index, node)` accepts whose parent is kept (a dropped node takes its
+    /// descendants with it); order and sources are kept, indices renumbered.
+    pub fn retain(&mut self, mut keep: impl FnMut(usize, &DraftNode) -> bool) {
         let mut remap = vec![usize::MAX; self.nodes.len()];
         let mut kept = Vec::with_capacity(self.nodes.len());
         let mut kept_dists = Vec::with_capacity(self.nodes.len());
         let mut kept_sources = Vec::with_capacity(self.nodes.len());
         for (i, node) in self.nodes.iter().enumerate() {
-            if node.depth <= max_depth {
+            let parent_kept = i == ROOT || remap[node.parent] != usize::MAX;
+            if parent_kept && (i == ROOT || keep(i, node)) {
                 remap[i] = kept.len();
                 kept.push(DraftNode { parent: remap[node.parent], ..*node });
                 kept_dists.push(self.child_distributions[i].take());
@@ -455,5 +462,19 @@ mod tests {
         .unwrap();
         assert!(t.is_empty());
         assert_eq!(t.root_token(), 5);
+    }
+
+    #[test]
+    fn retain_drops_a_node_with_its_descendants_and_keeps_sources_in_order() {
+        let mut t = sample_tree();
+        t.push_from(1, 12, -0.2, DraftSource::Lookup);
+        // Drop node 2 (token 11): its grandchild 3 and great-grandchild 4 go with it.
+        t.retain(|_, n| n.token != 11);
+        let tokens: Vec<u32> = t.nodes().iter().map(|n| n.token).collect();
+        assert_eq!(tokens, [7, 10, 12]);
+        assert_eq!(t.node(2).parent, 1);
+        assert_eq!(t.source(2), DraftSource::Lookup);
+        t.retain(|_, _| false);
+        assert_eq!(t.len(), 1, "the root always stays");
     }
 }

@@ -99,6 +99,14 @@ impl Verifier {
         self.run(model, Mask::Causal, kv, ws, features, Head::None)
     }
 
+    /// Full-vocabulary logits of row `i` of the last tree verification (after a greedy one, which computed only
+    /// each row's argmax) into `out`.
+    pub fn row_logits(&self, model: &Model, i: usize, ws: &mut Workspace, out: &mut Vec<f32>) {
+        let d = model.config.n_embd;
+        out.resize(model.config.vocab_size, 0.0);
+        model.head_full(&self.normed[i * d..(i + 1) * d], 1, out, ws);
+    }
+
     /// Feature rows of the rows of the last forward.
     pub fn features(&self) -> &[f32] {
         &self.features
