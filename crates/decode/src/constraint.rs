@@ -19,6 +19,11 @@ pub trait TokenConstraint {
     fn valid_prefix(&mut self, tokens: &[u32]) -> usize;
     /// Whether the grammar is finished: nothing but end-of-generation may follow.
     fn is_finished(&self) -> bool;
+    /// Tokens the grammar forces next whatever the model would say (a schema's keys, `", "`), in the model's own
+    /// tokenization; tree decoding drafts them (the target still verifies them). Default: none.
+    fn forced(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// A constraint that failed (the grammar engine's message).
@@ -101,6 +106,14 @@ pub(crate) mod tests {
         fn is_finished(&self) -> bool {
             self.committed.len() >= self.allowed.len()
         }
+        fn forced(&mut self) -> Vec<u32> {
+            let n = self.committed.len();
+            let single = |k: usize| match self.allowed.get(k) {
+                Some(Some(set)) if set.len() == 1 => Some(set[0]),
+                _ => None,
+            };
+            (n..).map_while(single).collect()
+        }
     }
 
     #[test]
@@ -122,6 +135,10 @@ pub(crate) mod tests {
     fn modular(len: usize) -> Script {
         let allowed = (0..len).map(|k| (k % 5 != 4).then(|| (0..64u32).filter(|t| t % 3 == k as u32 % 3).collect()));
         Script { allowed: allowed.collect(), committed: vec![] }
+    }
+
+    fn forced_clone(s: &Script) -> Script {
+        Script { allowed: s.allowed.clone(), committed: s.committed.clone() }
     }
 
     /// Constrained dense greedy decoding after the tests' prompt until the grammar ends.
@@ -168,6 +185,25 @@ pub(crate) mod tests {
                 assert!(dec.stats().acceptance_length() > 2.5, "τ {}", dec.stats().acceptance_length());
             }
         }
+        // Forced tokens are drafted: where the grammar allows one token per step for 6 steps, a decoder without
+        // any proposer still commits them in one forward (and exactly what dense commits).
+        let mut forced = modular(len);
+        for k in 3..9 {
+            forced.allowed[k] = Some(vec![(k as u32 * 7) % 64]);
+        }
+        let want = dense_constrained(&model, Script { committed: vec![], ..forced_clone(&forced) });
+        let proposer = OracleProposer::new(vec![], 3, 0, 64);
+        let mut dec = SpeculativeDecoder::new(&model, 128, 2, proposer, SamplingParams::greedy());
+        dec.feed(&crate::test_util::PROMPT).unwrap();
+        let mut got = Vec::new();
+        while !forced.is_finished() {
+            let step = dec.step_constrained(usize::MAX, &mut forced).unwrap();
+            if got.len() == 3 {
+                assert_eq!(step.len(), 7, "the six forced tokens and the bonus after them in one step");
+            }
+            got.extend_from_slice(step);
+        }
+        assert_eq!(got, want);
         // Sampling settings are refused, not silently treated as greedy.
         let proposer = OracleProposer::new(vec![], 3, 0, 64);
         let mut dec = SpeculativeDecoder::new(

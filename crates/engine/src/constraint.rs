@@ -134,12 +134,6 @@ impl Constraint {
         }
         Ok(self.mask.as_ref().expect("computed above"))
     }
-
-    /// The tokens the grammar forces next whatever the model would say (jump-forward), in our tokenization;
-    /// empty where the next bytes are not settled.
-    pub fn forced_tokens(&mut self) -> Vec<u32> {
-        self.matcher.compute_ff_tokens()
-    }
 }
 
 impl TokenConstraint for Constraint {
@@ -169,6 +163,12 @@ impl TokenConstraint for Constraint {
 
     fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
+    }
+
+    /// llguidance's forced tokens: the bytes the grammar settles next, tokenized by our tokenizer, less a last
+    /// token that what follows could still merge with.
+    fn forced(&mut self) -> Vec<u32> {
+        self.matcher.compute_ff_tokens()
     }
 }
 

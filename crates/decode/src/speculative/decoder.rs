@@ -10,7 +10,7 @@ use super::acceptance::{
     accept_greedy, accept_greedy_tokens, accept_sampled, Acceptance, AcceptanceScratch, NodeLogits,
 };
 use super::proposer::{DraftContext, FeatureSource, Proposer};
-use super::tree::{DraftTree, ROOT};
+use super::tree::{DraftSource, DraftTree, ROOT};
 use super::verify::Verifier;
 use super::SpeculativeError;
 use crate::constraint::{constrained_argmax, TokenConstraint};
@@ -272,6 +272,21 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             return Err(SpeculativeError::ConstrainedSampling);
         }
         let (start, t1) = self.draft(max_tokens)?;
+        // Draft what the grammar forces (a chain below the root, merged with the proposer's nodes), within the
+        // step's token and cache limits.
+        let room = self.kv.capacity().saturating_sub(start);
+        let mut node = ROOT;
+        for (depth, token) in constraint.forced().into_iter().enumerate() {
+            if depth + 1 >= max_tokens {
+                break;
+            }
+            let existing = self.tree.children(node).find(|&c| self.tree.node(c).token == token);
+            node = match existing {
+                Some(c) => c,
+                None if self.tree.len() < room => self.tree.push_from(node, token, 0.0, DraftSource::Lookup),
+                None => break,
+            };
+        }
         // Drop the drafts the grammar forbids: a node survives when its whole path is valid.
         let mut path = Vec::new();
         let tree = &self.tree;

@@ -1,0 +1,80 @@
+"""Speed of grammar-constrained decoding (issue #37): for N schema/prompt pairs (the family of
+crates/cli/tests/server/structured_output.py), runs `specee generate --json` side by side:
+
+  free    unconstrained dense greedy, as many tokens as the constrained answer (--ignore-eos), same prompt
+  dense   --json-schema, --mode dense
+  eagle   --json-schema, --mode eagle (its ids must equal dense's)
+
+and prints per mode the decode speed over all pairs (total tokens / total decode seconds; median and range over
+--repeat alternating rounds), τ for eagle, and the ratios constrained/free.
+
+    python3 bench/structured_speed.py -m smollm2 [-m qwen-coder] [--cases 12] [--repeat 3] [--bin target/release/specee]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "crates", "cli", "tests", "server"))
+from structured_output import cases  # noqa: E402
+
+
+def run(binary, model, prompt, extra, threads):
+    args = [binary, "generate", "-m", model, "-p", prompt, "--chat", "-t", str(threads), "--json"] + extra
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", action="append", default=None)
+    ap.add_argument("--cases", type=int, default=12)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--bin", default="target/release/specee")
+    a = ap.parse_args()
+    print("| model | mode | tok/s median (min–max) | ×free | τ | tokens |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for model in a.model or ["smollm2"]:
+        rates = {"free": [], "dense": [], "eagle": []}
+        taus, tokens = [], 0
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(a.repeat):
+                totals = {k: [0, 0.0] for k in rates}
+                fwd = [0, 0]
+                tokens = 0
+                for i, (name, schema, prompt) in enumerate(cases(a.cases)):
+                    path = os.path.join(tmp, f"{i}.json")
+                    with open(path, "w") as f:
+                        json.dump(schema, f)
+                    s = ["--json-schema", path, "-n", str(a.n)]
+                    d = run(a.bin, model, prompt, s + ["--mode", "dense"], a.threads)
+                    e = run(a.bin, model, prompt, s + ["--mode", "eagle"], a.threads)
+                    if e["generated_ids"] != d["generated_ids"]:
+                        sys.exit(f"{model} {name}: eagle's constrained output differs from dense's")
+                    n = len(d["generated_ids"])
+                    tokens += n
+                    free = run(a.bin, model, prompt, ["--mode", "dense", "-n", str(n), "--ignore-eos"], a.threads)
+                    for k, g in [("free", free), ("dense", d), ("eagle", e)]:
+                        t = g["timings"]
+                        totals[k][0] += t["decode_tokens"]
+                        totals[k][1] += t["decode_tokens"] / t["decode_tokens_per_s"] if t["decode_tokens_per_s"] else 0
+                    fwd[0] += e["speculative"]["target_forwards"]
+                    fwd[1] += len(e["generated_ids"])
+                for k in rates:
+                    rates[k].append(totals[k][0] / totals[k][1])
+                taus.append(fwd[1] / fwd[0])
+        free = statistics.median(rates["free"])
+        for k in rates:
+            med = statistics.median(rates[k])
+            tau = f"{statistics.median(taus):.2f}" if k == "eagle" else ""
+            print(f"| {model} | {k} | {med:.1f} ({min(rates[k]):.1f}–{max(rates[k]):.1f}) | {med / free:.2f} | {tau} | {tokens} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
