@@ -286,6 +286,18 @@ fn json_schema_responses_validate_and_eagle_equals_dense_through_the_openai_clie
 }
 
 #[test]
+fn logprobs_of_eagle_equal_dense_streamed_and_not_through_the_openai_client() {
+    // tests/server/logprobs.py: chat and completions, streamed and not, greedy (eagle vs dense within 1e-4) and
+    // sampled, entries that join to the answer, bad counts as 400s.
+    let server = Server::start(&[]);
+    run_client_script(&server, "logprobs.py", &[], "all logprobs checks passed");
+    // The batching server computes its rows' entries from the full logits (4 clients at once).
+    let server = Server::start(&["--parallel", "4"]);
+    let env = [("SPECEE_CLIENTS", "4"), ("SPECEE_COMPARE_EAGLE", "0")];
+    run_client_script(&server, "logprobs.py", &env, "all logprobs checks passed");
+}
+
+#[test]
 fn malformed_requests_get_json_errors() {
     let server = Server::start(&["--ctx-size", "64"]);
     let msgs = json!([{"role": "user", "content": "hi"}]);
@@ -317,7 +329,12 @@ fn malformed_requests_get_json_errors() {
         ("stop wrong type", chat, json!({"messages": msgs, "stop": 3}).to_string().into_bytes(), 400),
         ("n > 1", chat, json!({"messages": msgs, "n": 4}).to_string().into_bytes(), 400),
         ("tools", chat, json!({"messages": msgs, "tools": [{"type": "function"}]}).to_string().into_bytes(), 400),
-        ("logprobs", chat, json!({"messages": msgs, "logprobs": true}).to_string().into_bytes(), 400),
+        (
+            "top_logprobs too many",
+            chat,
+            json!({"messages": msgs, "logprobs": true, "top_logprobs": 50}).to_string().into_bytes(),
+            400,
+        ),
         (
             "response_format unknown type",
             chat,

@@ -85,6 +85,11 @@ pub(crate) fn greedy_only(params: &GenerateParams, mode: &str) -> Result<(), Eng
         let why = format!("--mode {mode} cannot follow a grammar or JSON schema yet (use --mode dense or eagle)");
         return Err(EngineError::Unsupported(why));
     }
+    if params.logprobs.is_some() {
+        // Its tokens come from truncated forwards: the full model's distribution is not at hand.
+        let why = format!("--mode {mode} cannot report log probabilities (use --mode dense or eagle)");
+        return Err(EngineError::Unsupported(why));
+    }
     if params.sampling.is_greedy() {
         Ok(())
     } else {
@@ -129,7 +134,7 @@ impl Engine {
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         while out.generated.len() < params.max_tokens {
-            if !out.push_traced(next, TokenSource::Plain, layers, &mut on_text) {
+            if !out.push_traced(next, TokenSource::Plain, layers, None, &mut on_text) {
                 break;
             }
             if out.generated.len() == params.max_tokens {

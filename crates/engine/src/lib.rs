@@ -13,6 +13,7 @@
 //! 8. [`identity`]: fingerprints of model and data files (the keys of training caches) and the model identity
 //!    that trained artifacts record and are checked against on load.
 //! 9. [`constraint`]: grammar-constrained generation (JSON schema, Lark) through llguidance.
+//! 10. [`logprobs`]: log probabilities of generated tokens, from the target's own logits in every lossless mode.
 
 pub mod bench;
 pub mod constraint;
@@ -21,6 +22,7 @@ pub mod early_exit;
 pub mod error;
 pub mod fetch;
 pub mod identity;
+pub mod logprobs;
 pub mod perplexity;
 pub mod reasoning;
 pub mod reasoning_exit;
@@ -29,6 +31,7 @@ pub mod signals;
 pub mod speculative;
 
 pub use error::EngineError;
+pub use logprobs::TokenLogprobs;
 pub use session::{
     Emitter, Engine, FinishReason, GenerateParams, Generation, Timings, TokenSource, TokenTrace, TraceSink,
 };

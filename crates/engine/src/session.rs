@@ -3,6 +3,7 @@
 //! it); `--chat` prompts are first rendered with the model's own chat template.
 
 use crate::error::EngineError;
+use crate::logprobs::{token_logprobs, TokenLogprobs};
 use decode::{DenseDecoder, Sampler, SamplingParams, TokenConstraint};
 use model::Model;
 use std::path::Path;
@@ -33,6 +34,10 @@ pub struct GenerateParams {
     /// A grammar the output must follow (`--json-schema`, `--grammar`, `response_format`): dense and eagle
     /// follow it (eagle's output equals constrained dense's); generation ends where the grammar does.
     pub grammar: Option<crate::constraint::GrammarSpec>,
+    /// Report each generated token's log probability with this many most likely alternatives (0 to
+    /// [`crate::logprobs::MAX_TOP_LOGPROBS`]) in [`Generation::logprobs`] and the traces; dense and the tree
+    /// modes (the early-exit modes refuse it). Costs one full head pass per token in greedy modes.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -44,6 +49,7 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             trace: None,
             grammar: None,
+            logprobs: None,
         }
     }
 }
@@ -75,7 +81,7 @@ impl TokenSource {
 }
 
 /// One generated token and how it was made.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TokenTrace {
     pub token: u32,
     /// The text it completed (empty while it ends inside a UTF-8 character; the token that completes the
@@ -84,6 +90,8 @@ pub struct TokenTrace {
     pub source: TokenSource,
     /// Layers the forward that decided it ran (the model's depth unless it exited early).
     pub layers: u16,
+    /// Its log probability and alternatives, when [`GenerateParams::logprobs`] asks for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// Shared list of [`TokenTrace`]s a generation appends to (the reader drains it from the `on_text` callback).
@@ -139,6 +147,8 @@ pub struct Generation {
     pub text: String,
     pub finish: FinishReason,
     pub timings: Timings,
+    /// One entry per generated id, when [`GenerateParams::logprobs`] asked for them.
+    pub logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 impl Engine {
@@ -250,12 +260,16 @@ impl Engine {
                 }
             })
         };
+        // Log probabilities come from the raw logits of the forward that made the token (a full head pass).
+        let entry =
+            |dec: &mut DenseDecoder, token: u32| params.logprobs.map(|k| token_logprobs(dec.last_logits(), token, k));
         let t0 = Instant::now();
         let mut next = step(dec, prompt_ids, &history, constraint.as_mut())?;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
+        let layers = self.model.config.n_layers;
         while out.generated.len() < params.max_tokens {
-            if !out.push(next, &mut on_text) {
+            if !out.push_traced(next, TokenSource::Plain, layers, entry(dec, next), &mut on_text) {
                 break;
             }
             history.push(next);
@@ -298,6 +312,8 @@ pub struct Emitter<'e> {
     stop_at_eog: bool,
     stop: Vec<String>,
     trace: Option<TraceSink>,
+    /// Entries of the generated tokens, when asked for.
+    logprobs: Option<Vec<TokenLogprobs>>,
     stream: StreamDecoder,
     text: String,
     /// Tokens emitted so far.
@@ -315,6 +331,7 @@ impl<'e> Emitter<'e> {
             stop_at_eog: params.stop_at_eog,
             stop: params.stop.clone(),
             trace: params.trace.clone(),
+            logprobs: params.logprobs.map(|_| Vec::new()),
             stream: StreamDecoder::default(),
             text: String::new(),
             generated: Vec::new(),
@@ -328,15 +345,17 @@ impl<'e> Emitter<'e> {
     /// accordingly.
     pub fn push(&mut self, token: u32, on_text: &mut impl FnMut(&str) -> bool) -> bool {
         let layers = self.engine.model.config.n_layers;
-        self.push_traced(token, TokenSource::Plain, layers, on_text)
+        self.push_traced(token, TokenSource::Plain, layers, None, on_text)
     }
 
-    /// [`Emitter::push`] for a token made by `source` with `layers` layers run.
+    /// [`Emitter::push`] for a token made by `source` with `layers` layers run, with its log probabilities
+    /// when the generation asks for them (`None` there leaves the token without an entry).
     pub fn push_traced(
         &mut self,
         token: u32,
         source: TokenSource,
         layers: usize,
+        logprobs: Option<TokenLogprobs>,
         on_text: &mut impl FnMut(&str) -> bool,
     ) -> bool {
         if self.stop_at_eog && self.engine.tokenizer.is_eog(token) {
@@ -345,10 +364,14 @@ impl<'e> Emitter<'e> {
         }
         self.generated.push(token);
         let piece = self.stream.push(&self.engine.tokenizer, token);
+        if let (Some(all), Some(entry)) = (self.logprobs.as_mut(), logprobs.as_ref()) {
+            all.push(entry.clone());
+        }
         if let Some(sink) = &self.trace {
             let layers = layers.min(u16::MAX as usize) as u16;
             let text = piece.clone();
-            sink.lock().unwrap_or_else(|p| p.into_inner()).push(TokenTrace { token, text, source, layers });
+            let trace = TokenTrace { token, text, source, layers, logprobs };
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(trace);
         }
         self.text.push_str(&piece);
         if let Some(cut) = find_stop(&self.text, &self.stop) {
@@ -385,6 +408,7 @@ impl<'e> Emitter<'e> {
             text: self.text,
             finish: self.finish,
             timings: self.timings,
+            logprobs: self.logprobs,
         }
     }
 }

@@ -290,7 +290,7 @@ impl Engine {
         let mut constraint = params.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
         let (mut out, t1) = self.start_tree(dec, prompt_ids, params)?;
         // Reused across steps: the step's tokens (copied out of `dec`, which `accepted_sources` borrows next).
-        let (mut sources, mut step) = (Vec::new(), Vec::new());
+        let (mut sources, mut step, mut logits) = (Vec::new(), Vec::new(), Vec::new());
         'outer: while out.generated.len() < params.max_tokens {
             // The cache holds every committed token but the last (the next root), so a step fits while
             // `committed <= capacity`: like dense, generation fills the cache and emits one token more.
@@ -315,7 +315,15 @@ impl Engine {
                     None if sources.is_empty() => TokenSource::Plain,
                     None => TokenSource::Bonus,
                 };
-                if !out.push_traced(next, source, layers, &mut on_text) {
+                // The target's distribution at the token's parent row of this step's verification.
+                let entry = match params.logprobs {
+                    Some(k) => {
+                        dec.committed_logits(i, &mut logits).map_err(speculative_error)?;
+                        Some(crate::logprobs::token_logprobs(&logits, next, k))
+                    }
+                    None => None,
+                };
+                if !out.push_traced(next, source, layers, entry, &mut on_text) {
                     break 'outer;
                 }
             }
@@ -356,6 +364,15 @@ pub(crate) trait TreeSteps {
     fn accepted_sources(&self, out: &mut Vec<DraftSource>);
     /// Layers run per tree forward, summed over the forwards so far.
     fn layers_run(&self) -> usize;
+    /// The target's full logits before the `i`-th token the last step committed, into `out` (for log
+    /// probabilities); by default not available.
+    fn committed_logits(
+        &mut self,
+        _i: usize,
+        _out: &mut Vec<f32>,
+    ) -> Result<(), decode::speculative::SpeculativeError> {
+        Err(decode::speculative::SpeculativeError::Proposer("this mode cannot report log probabilities".into()))
+    }
 }
 
 impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
@@ -381,6 +398,9 @@ impl<P: Proposer> TreeSteps for SpeculativeDecoder<'_, P> {
     }
     fn layers_run(&self) -> usize {
         self.stats().target_forwards * self.model().config.n_layers
+    }
+    fn committed_logits(&mut self, i: usize, out: &mut Vec<f32>) -> Result<(), decode::speculative::SpeculativeError> {
+        SpeculativeDecoder::committed_logits(self, i, out)
     }
 }
 

@@ -415,13 +415,15 @@ impl Batcher {
             if a.kv.seq_len() < a.prompt_len {
                 continue;
             }
-            if a.params.sampling.is_greedy() && a.constraint.is_none() {
+            // Only unconstrained greedy rows without log probabilities make do with the head's argmax.
+            if a.params.sampling.is_greedy() && a.constraint.is_none() && a.params.logprobs.is_none() {
                 greedy.push((i, row_end - 1));
             } else {
                 sampled.push((i, row_end - 1));
             }
         }
-        let mut next: Vec<(usize, u32)> = Vec::with_capacity(greedy.len() + sampled.len());
+        let mut next: Vec<(usize, u32, Option<engine::TokenLogprobs>)> =
+            Vec::with_capacity(greedy.len() + sampled.len());
         for (group, is_greedy) in [(&greedy, true), (&sampled, false)] {
             if group.is_empty() {
                 continue;
@@ -434,13 +436,15 @@ impl Batcher {
             if is_greedy {
                 let mut out = vec![0u32; n];
                 model.head_argmax(normed, n, &mut out, ws);
-                next.extend(group.iter().map(|&(i, _)| i).zip(out));
+                next.extend(group.iter().map(|&(i, _)| i).zip(out).map(|(i, t)| (i, t, None)));
             } else {
                 logits.resize(n * vocab, 0.0);
                 model.head_full(normed, n, logits, ws);
                 for (r, &(i, _)) in group.iter().enumerate() {
                     let a = &mut active[i];
                     let row = &mut logits[r * vocab..(r + 1) * vocab];
+                    // Log probabilities are the raw logits' (a grammar masks the row in place).
+                    let raw = a.params.logprobs.map(|k| (k, row.to_vec()));
                     let t = match a.constraint.as_mut() {
                         None => a.sampler.sample(row, &a.history),
                         Some(c) if a.params.sampling.is_greedy() => match decode::constraint::masked_argmax(c, row) {
@@ -458,19 +462,19 @@ impl Batcher {
                             }
                         },
                     };
-                    next.push((i, t));
+                    next.push((i, t, raw.map(|(k, raw)| engine::logprobs::token_logprobs(&raw, t, k))));
                 }
             }
         }
         let now = Instant::now();
-        for (i, token) in next {
-            self.take(&mut active[i], token, now);
+        for (i, token, entry) in next {
+            self.take(&mut active[i], token, entry, now);
         }
         Ok(())
     }
 
     /// Hands a request its next token: stop rules, streaming, timing; decides whether it goes on.
-    fn take(&self, a: &mut Active<'_>, token: u32, now: Instant) {
+    fn take(&self, a: &mut Active<'_>, token: u32, entry: Option<engine::TokenLogprobs>, now: Instant) {
         let metrics = &self.shared.metrics;
         match a.last_token {
             None => {
@@ -482,8 +486,10 @@ impl Batcher {
         }
         a.last_token = Some(now);
         let (request, events, holdback) = (&a.request, &a.events, &mut a.holdback);
-        let mut on_text = |piece: &str| stream_piece(request, events, holdback, piece);
-        if !a.emitter.push(token, &mut on_text) {
+        let tokenizer = &self.shared.engine.tokenizer;
+        let mut on_text = |piece: &str| stream_piece(request, events, holdback, tokenizer, piece);
+        let layers = self.shared.n_layers;
+        if !a.emitter.push_traced(token, engine::TokenSource::Plain, layers, entry, &mut on_text) {
             a.done = true;
             return;
         }
@@ -535,7 +541,8 @@ impl Batcher {
             ..
         } = a;
         if !failed {
-            let mut on_text = |piece: &str| stream_piece(&request, &events, &mut holdback, piece);
+            let tokenizer = &shared.engine.tokenizer;
+            let mut on_text = |piece: &str| stream_piece(&request, &events, &mut holdback, tokenizer, piece);
             let generation =
                 emitter.finish(&history[..prompt_len], decode_start.unwrap_or_else(Instant::now), &mut on_text);
             let stats = DecodeStats::dense(&generation, shared.n_layers);

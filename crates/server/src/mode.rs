@@ -48,6 +48,12 @@ impl Mode {
         }
     }
 
+    /// Whether the mode can report log probabilities under the full model: dense, and eagle from its
+    /// verification rows (equal to dense's); not the early-exit modes, whose tokens come from truncated forwards.
+    pub fn reports_logprobs(self) -> bool {
+        matches!(self, Mode::Dense | Mode::Eagle)
+    }
+
     /// The mode called `name`.
     pub fn parse(name: &str) -> Option<Mode> {
         Mode::ALL.iter().copied().find(|m| m.name() == name)

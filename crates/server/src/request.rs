@@ -1,5 +1,5 @@
 //! From an OpenAI request body to what the engine runs: parse the JSON (errors name the field at fault),
-//! check every value, refuse what is not supported with a 400 (`n > 1`, tools, logprobs, unknown fields), and fill in defaults.
+//! check every value, refuse what is not supported with a 400 (`n > 1`, tools, unknown fields), and fill in defaults.
 //!
 //! Defaults: OpenAI's where OpenAI's API has the field — `temperature` 1.0, `top_p` 1.0, a random `seed`,
 //! `max_tokens` 16 for completions and "until the context is full" for chat — and llama.cpp's for the
@@ -48,9 +48,13 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// Streaming: send a last chunk with `usage`.
     pub include_usage: bool,
-    /// Streaming (chat): where each token came from is collected here and sent with the chunks
-    /// (`stream_options.include_specee`).
+    /// Streaming: each token's trace (where it came from, its log probabilities) is collected here and sent with
+    /// the chunks (`stream_options.include_specee`, `logprobs`).
     pub trace: Option<engine::TraceSink>,
+    /// Streaming (chat): chunks carry `specee.tokens` (`stream_options.include_specee`).
+    pub include_specee: bool,
+    /// Log probabilities with this many alternatives per token (`logprobs`, `top_logprobs`).
+    pub logprobs: Option<usize>,
     /// A grammar the output must follow (`response_format`, `specee.grammar`).
     pub grammar: Option<GrammarSpec>,
 }
@@ -138,8 +142,28 @@ pub fn chat_request(
         stream_options: r.stream_options,
         specee: r.specee,
         response_format,
+        logprobs: chat_logprobs(r.logprobs, r.top_logprobs)?,
     };
     common.finish(PromptInput::Chat(messages), defaults)
+}
+
+/// Chat's `logprobs` (a flag) and `top_logprobs` (0 to 20, only with `logprobs`) as the number of alternatives.
+fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
+    let top = top.map(|k| top_logprobs("top_logprobs", k)).transpose()?;
+    match (logprobs.unwrap_or(false), top) {
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::invalid_param("top_logprobs", "'top_logprobs' needs 'logprobs': true")),
+    }
+}
+
+/// A number of alternatives per token, 0 to [`engine::logprobs::MAX_TOP_LOGPROBS`].
+fn top_logprobs(name: &str, k: i64) -> Result<usize, ApiError> {
+    let max = engine::logprobs::MAX_TOP_LOGPROBS;
+    usize::try_from(k)
+        .ok()
+        .filter(|&k| k <= max)
+        .ok_or_else(|| ApiError::invalid_param(name, format!("'{name}' must be between 0 and {max}, got {k}")))
 }
 
 /// Refuses `stream_options.include_specee` where it is not offered.
@@ -198,6 +222,7 @@ pub fn completion_request(
         stream_options: r.stream_options,
         specee: r.specee,
         response_format,
+        logprobs: r.logprobs.map(|k| top_logprobs("logprobs", k)).transpose()?,
     };
     common.finish(input, defaults)
 }
@@ -213,6 +238,7 @@ struct Common {
     stream_options: Option<wire::StreamOptions>,
     specee: Option<SpeceeOptions>,
     response_format: Option<Value>,
+    logprobs: Option<usize>,
 }
 
 /// Most bytes of a `response_format` schema or a `specee.grammar` (compilation is bounded too).
@@ -388,8 +414,21 @@ impl Common {
                 ),
             ));
         }
+        if self.logprobs.is_some() && !mode.reports_logprobs() {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!(
+                    "decoding mode '{}' cannot report log probabilities (its tokens come from truncated forwards): \
+                     use mode 'dense' or 'eagle'",
+                    mode.name()
+                ),
+            ));
+        }
+        let traced = include_specee || (stream && self.logprobs.is_some());
         Ok(GenerationRequest {
             grammar,
+            include_specee,
+            logprobs: self.logprobs,
             input,
             max_tokens: self.max_tokens,
             sampling,
@@ -398,7 +437,7 @@ impl Common {
             mode,
             stream,
             include_usage,
-            trace: include_specee.then(engine::TraceSink::default),
+            trace: traced.then(engine::TraceSink::default),
         })
     }
 }
@@ -509,7 +548,6 @@ fn extra_policy(name: &str) -> Option<Extra> {
         | "prompt_cache_key"
         | "safety_identifier"
         | "name" => Extra::Benign,
-        "logprobs" | "top_logprobs" => Extra::OnlyNeutral("log probabilities are not supported"),
         "tools" | "tool_choice" | "functions" | "function_call" | "tool_calls" | "tool_call_id" => {
             Extra::OnlyNeutral("tool calling is not supported")
         }
@@ -651,6 +689,29 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_on_both_endpoints_with_their_limits_and_modes() {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        let r = chat(&format!(r#"{{{msgs}, "logprobs": true}}"#)).unwrap();
+        assert_eq!(r.logprobs, Some(0));
+        assert!(r.trace.is_none(), "no stream: the generation's own list answers");
+        let r = chat(&format!(r#"{{{msgs}, "logprobs": true, "top_logprobs": 20, "stream": true}}"#)).unwrap();
+        assert_eq!(r.logprobs, Some(20));
+        assert!(r.trace.is_some() && !r.include_specee, "streamed: traced per chunk");
+        assert_eq!(chat(&format!(r#"{{{msgs}, "logprobs": false, "top_logprobs": null}}"#)).unwrap().logprobs, None);
+        assert_eq!(completion(r#"{"prompt": "x", "logprobs": 5}"#).unwrap().logprobs, Some(5));
+        assert_eq!(completion(r#"{"prompt": "x", "logprobs": 0}"#).unwrap().logprobs, Some(0));
+        assert_eq!(completion(r#"{"prompt": "x", "logprobs": null}"#).unwrap().logprobs, None);
+        for bad in [r#""logprobs": 21"#, r#""logprobs": -1"#, r#""logprobs": true"#] {
+            let e = completion(&format!(r#"{{"prompt": "x", {bad}}}"#)).unwrap_err();
+            assert_eq!(param(e).as_deref(), Some("logprobs"), "{bad}");
+        }
+        let all = RequestDefaults { unavailable: Vec::new(), ..defaults() };
+        let body = format!(r#"{{{msgs}, "logprobs": true, "temperature": 0, "specee": {{"mode": "specee-eagle"}}}}"#);
+        let e = chat_request(parse_body::<ChatCompletionRequest>(body.as_bytes()).unwrap(), &all).unwrap_err();
+        assert!(e.to_string().contains("cannot report log probabilities"), "{e}");
+    }
+
+    #[test]
     fn include_specee_asks_chat_streams_for_token_traces_only() {
         let msgs = r#""messages": [{"role": "user", "content": "hi"}], "stream": true"#;
         let with = chat(&format!(r#"{{{msgs}, "stream_options": {{"include_specee": true}}}}"#)).unwrap();
@@ -687,7 +748,10 @@ mod tests {
             (r#""n": 2"#, "n"),
             (r#""n": 0"#, "n"),
             (r#""tools": [{"type": "function"}]"#, "tools"),
-            (r#""logprobs": true"#, "logprobs"),
+            (r#""logprobs": true, "top_logprobs": 21"#, "top_logprobs"),
+            (r#""logprobs": true, "top_logprobs": -1"#, "top_logprobs"),
+            (r#""top_logprobs": 2"#, "top_logprobs"),
+            (r#""logprobs": 3"#, "logprobs"),
             (r#""response_format": {"type": "xml"}"#, "response_format.type"),
             (r#""response_format": {"type": "json_schema"}"#, "response_format.json_schema"),
             (

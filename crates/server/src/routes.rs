@@ -227,7 +227,8 @@ async fn generate(state: Arc<AppState>, request: GenerationRequest, kind: Kind) 
     }
     let stream = request.stream;
     let include_usage = request.include_usage;
-    let include_specee = request.trace.is_some();
+    let include_specee = request.include_specee;
+    let logprobs = request.logprobs.is_some();
     let (events, mut rx) = unbounded_channel();
     if let Err(e) = state.scheduler.submit(Job { request, events, admitted_at: std::time::Instant::now() }) {
         return e.into_response();
@@ -245,7 +246,7 @@ async fn generate(state: Arc<AppState>, request: GenerationRequest, kind: Kind) 
         model: state.model_id.clone(),
     };
     if stream {
-        return stream_response(chunks, rx, include_usage, include_specee);
+        return stream_response(chunks, rx, StreamFlags { include_usage, include_specee, logprobs });
     }
     loop {
         match rx.recv().await {
@@ -267,6 +268,7 @@ struct Chunks {
 
 impl Chunks {
     fn full_response(&self, f: Finished) -> Response {
+        let logprobs = f.logprobs;
         match self.kind {
             Kind::Chat => axum::Json(wire::ChatCompletion {
                 id: self.id.clone(),
@@ -276,7 +278,7 @@ impl Chunks {
                 choices: vec![wire::ChatChoice {
                     index: 0,
                     message: wire::AssistantMessage { role: "assistant", content: f.text },
-                    logprobs: None,
+                    logprobs: logprobs.map(|content| wire::ChatLogprobs { content, refusal: None }),
                     finish_reason: f.finish_reason,
                 }],
                 usage: f.usage,
@@ -291,7 +293,7 @@ impl Chunks {
                 choices: vec![wire::CompletionChoice {
                     text: f.text,
                     index: 0,
-                    logprobs: None,
+                    logprobs: logprobs.map(|l| wire::CompletionLogprobs::from_entries(l, 0).0),
                     finish_reason: Some(f.finish_reason),
                 }],
                 usage: Some(f.usage),
@@ -303,15 +305,17 @@ impl Chunks {
 
     /// One streamed chunk: text and/or a finish reason (chat: `role` on the first).
     fn chunk(&self, role: bool, text: Option<String>, finish_reason: Option<&'static str>) -> SseEvent {
-        self.chunk_with(role, text, finish_reason, None)
+        self.chunk_with(role, text, finish_reason, None, None)
     }
 
-    /// [`Chunks::chunk`] with specee's stream extension (chat only).
+    /// [`Chunks::chunk`] with the log probabilities of its tokens (`logprobs`; completions: with the character
+    /// offset of the first) and specee's stream extension (chat only).
     fn chunk_with(
         &self,
         role: bool,
         text: Option<String>,
         finish_reason: Option<&'static str>,
+        logprobs: Option<(Vec<wire::TokenLogprob>, &mut usize)>,
         specee: Option<wire::StreamSpecee>,
     ) -> SseEvent {
         match self.kind {
@@ -323,7 +327,7 @@ impl Chunks {
                 choices: vec![wire::ChunkChoice {
                     index: 0,
                     delta: wire::Delta { role: role.then_some("assistant"), content: text },
-                    logprobs: None,
+                    logprobs: logprobs.map(|(content, _)| wire::ChatLogprobs { content, refusal: None }),
                     finish_reason,
                 }],
                 usage: None,
@@ -332,7 +336,11 @@ impl Chunks {
             Kind::Completion => json_event(&self.completion_chunk(vec![wire::CompletionChoice {
                 text: text.unwrap_or_default(),
                 index: 0,
-                logprobs: None,
+                logprobs: logprobs.map(|(entries, offset)| {
+                    let (l, next) = wire::CompletionLogprobs::from_entries(entries, *offset);
+                    *offset = next;
+                    l
+                }),
                 finish_reason,
             }])),
         }
@@ -373,29 +381,53 @@ fn json_event<T: Serialize>(value: &T) -> SseEvent {
     SseEvent::default().data(serde_json::to_string(value).unwrap_or_else(|_| "{}".to_string()))
 }
 
+/// What a stream's chunks carry beyond the text.
+#[derive(Clone, Copy, Debug)]
+struct StreamFlags {
+    include_usage: bool,
+    include_specee: bool,
+    logprobs: bool,
+}
+
 /// State of one SSE stream: events ready to send, and the worker's channel.
 struct SseState {
     chunks: Chunks,
     rx: UnboundedReceiver<Event>,
     pending: VecDeque<SseEvent>,
-    include_usage: bool,
-    include_specee: bool,
+    flags: StreamFlags,
     finished: bool,
-    /// Token traces waiting for the next text chunk (`stream_options.include_specee`).
-    tokens: Vec<wire::TokenInfo>,
+    /// Tokens waiting for the next text chunk (`stream_options.include_specee`, `logprobs`).
+    tokens: Vec<crate::scheduler::StreamedToken>,
+    /// Characters of the completion the earlier chunks' log probabilities covered (completions' `text_offset`).
+    offset: usize,
 }
 
-fn stream_response(
-    chunks: Chunks,
-    rx: UnboundedReceiver<Event>,
-    include_usage: bool,
-    include_specee: bool,
-) -> Response {
+/// The tokens waiting for a chunk, split into its `logprobs` entries (with the completion's character offset,
+/// which they advance) and specee's stream extension (`summary` on the finishing chunk).
+#[allow(clippy::type_complexity)]
+fn take_tokens<'o>(
+    tokens: &mut Vec<crate::scheduler::StreamedToken>,
+    flags: StreamFlags,
+    offset: &'o mut usize,
+    summary: Option<wire::SpeceeInfo>,
+) -> (Option<(Vec<wire::TokenLogprob>, &'o mut usize)>, Option<wire::StreamSpecee>) {
+    let (mut infos, mut entries) = (Vec::new(), Vec::new());
+    for t in tokens.drain(..) {
+        infos.push(t.info);
+        entries.extend(t.logprob);
+    }
+    let specee = (flags.include_specee && (!infos.is_empty() || summary.is_some()))
+        .then(|| wire::StreamSpecee { tokens: infos, summary });
+    let logprobs = (flags.logprobs && !entries.is_empty()).then_some((entries, offset));
+    (logprobs, specee)
+}
+
+fn stream_response(chunks: Chunks, rx: UnboundedReceiver<Event>, flags: StreamFlags) -> Response {
     let mut pending = VecDeque::new();
     if chunks.kind == Kind::Chat {
         pending.push_back(chunks.chunk(true, Some(String::new()), None));
     }
-    let state = SseState { chunks, rx, pending, include_usage, include_specee, finished: false, tokens: Vec::new() };
+    let state = SseState { chunks, rx, pending, flags, finished: false, tokens: Vec::new(), offset: 0 };
     let stream = futures_util::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(event) = s.pending.pop_front() {
@@ -407,18 +439,17 @@ fn stream_response(
             match s.rx.recv().await {
                 Some(Event::Tokens(tokens)) => s.tokens.extend(tokens),
                 Some(Event::Text(text)) => {
-                    let specee = (!s.tokens.is_empty())
-                        .then(|| wire::StreamSpecee { tokens: std::mem::take(&mut s.tokens), summary: None });
-                    s.pending.push_back(s.chunks.chunk_with(false, Some(text), None, specee));
+                    let (logprobs, specee) = take_tokens(&mut s.tokens, s.flags, &mut s.offset, None);
+                    let event = s.chunks.chunk_with(false, Some(text), None, logprobs, specee);
+                    s.pending.push_back(event);
                 }
                 Some(Event::Done(f)) => {
                     let empty = (s.chunks.kind == Kind::Completion).then(String::new);
-                    let specee = s.include_specee.then(|| wire::StreamSpecee {
-                        tokens: std::mem::take(&mut s.tokens),
-                        summary: Some(f.info.clone()),
-                    });
-                    s.pending.push_back(s.chunks.chunk_with(false, empty, Some(f.finish_reason), specee));
-                    if s.include_usage {
+                    let summary = Some(f.info.clone());
+                    let (logprobs, specee) = take_tokens(&mut s.tokens, s.flags, &mut s.offset, summary);
+                    let event = s.chunks.chunk_with(false, empty, Some(f.finish_reason), logprobs, specee);
+                    s.pending.push_back(event);
+                    if s.flags.include_usage {
                         s.pending.push_back(s.chunks.usage_chunk(f.usage));
                     }
                     s.pending.push_back(SseEvent::default().data("[DONE]"));

@@ -31,18 +31,28 @@ pub enum Event {
     Started { prompt_tokens: usize },
     /// Streamed text (only for streaming requests).
     Text(String),
-    /// How the tokens behind the next text (or the finish) were made (`stream_options.include_specee`).
-    Tokens(Vec<crate::wire::TokenInfo>),
+    /// The tokens behind the next text (or the finish): how they were made (`stream_options.include_specee`)
+    /// and their log probabilities (`logprobs`).
+    Tokens(Vec<StreamedToken>),
     /// Generation finished.
     Done(Box<Finished>),
     /// The request failed (before or, for a 500, during generation).
     Failed(ApiError),
 }
 
+/// One streamed token: how it was made, and its log probabilities when the request asked for them.
+#[derive(Debug)]
+pub struct StreamedToken {
+    pub info: crate::wire::TokenInfo,
+    pub logprob: Option<crate::wire::TokenLogprob>,
+}
+
 /// A finished generation, as the handler answers it.
 #[derive(Debug)]
 pub struct Finished {
     pub text: String,
+    /// One entry per answer token (`logprobs`).
+    pub logprobs: Option<Vec<crate::wire::TokenLogprob>>,
     /// OpenAI's `finish_reason`: `stop` or `length`.
     pub finish_reason: &'static str,
     pub usage: Usage,
@@ -246,7 +256,7 @@ impl Worker {
                 first_piece = false;
                 shared.metrics.observe(Observe::FirstToken, admitted_at.elapsed().as_secs_f64());
             }
-            stream_piece(request, events, &mut holdback, piece)
+            stream_piece(request, events, &mut holdback, &engine.tokenizer, piece)
         };
         let (ctx, threads, n_layers) = (shared.ctx, self.threads, shared.n_layers);
         // Requests only name modes whose resources are loaded (checked when parsed).
@@ -330,12 +340,13 @@ pub(crate) fn stream_piece(
     request: &GenerationRequest,
     events: &UnboundedSender<Event>,
     holdback: &mut Holdback,
+    tokenizer: &tokenizer::Tokenizer,
     piece: &str,
 ) -> bool {
     if !request.stream {
         return !events.is_closed();
     }
-    send_tokens(request, events);
+    send_tokens(request, events, tokenizer);
     let ready = holdback.push(piece);
     if ready.is_empty() {
         !events.is_closed()
@@ -353,14 +364,39 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Sends the token traces collected since the last call (`stream_options.include_specee`).
-fn send_tokens(request: &GenerationRequest, events: &UnboundedSender<Event>) {
+/// Sends the token traces collected since the last call (`stream_options.include_specee`, `logprobs`).
+fn send_tokens(request: &GenerationRequest, events: &UnboundedSender<Event>, tokenizer: &tokenizer::Tokenizer) {
     if let Some(sink) = &request.trace {
         let tokens: Vec<_> = std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner()));
         if !tokens.is_empty() {
-            let _ = events.send(Event::Tokens(tokens.into_iter().map(Into::into).collect()));
+            let tokens = tokens
+                .into_iter()
+                .map(|mut t| StreamedToken {
+                    logprob: t.logprobs.take().map(|e| wire_logprob(tokenizer, &e)),
+                    info: t.into(),
+                })
+                .collect();
+            let _ = events.send(Event::Tokens(tokens));
         }
     }
+}
+
+/// A token's log probabilities as the API gives them: texts and bytes of the token and its alternatives.
+pub(crate) fn wire_logprob(tokenizer: &tokenizer::Tokenizer, e: &engine::TokenLogprobs) -> crate::wire::TokenLogprob {
+    let text = |t: u32| {
+        let bytes = tokenizer.token_bytes(t).to_vec();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    };
+    let (token, bytes) = text(e.token);
+    let top_logprobs = e
+        .top
+        .iter()
+        .map(|&(t, logprob)| {
+            let (token, bytes) = text(t);
+            crate::wire::TopLogprob { token, logprob, bytes }
+        })
+        .collect();
+    crate::wire::TokenLogprob { token, logprob: e.logprob, bytes, top_logprobs }
 }
 
 impl Shared {
@@ -397,6 +433,7 @@ impl Shared {
             stop: request.stop.clone(),
             trace: request.trace.clone(),
             grammar: request.grammar.clone(),
+            logprobs: request.logprobs,
         };
         Ok((prompt_ids, params))
     }
@@ -440,7 +477,7 @@ impl Shared {
             return;
         }
         if request.stream {
-            send_tokens(request, events);
+            send_tokens(request, events, &self.engine.tokenizer);
             let rest = holdback.finish(&generation.text);
             if !rest.is_empty() {
                 let _ = events.send(Event::Text(rest.to_string()));
@@ -450,7 +487,9 @@ impl Shared {
         let completion_tokens_details = self.reasoning.as_ref().map(|p| CompletionTokensDetails {
             reasoning_tokens: p.split(&self.engine, &generation.generated_ids).reasoning_tokens,
         });
+        let logprobs = generation.logprobs.map(|l| l.iter().map(|e| wire_logprob(&self.engine.tokenizer, e)).collect());
         let finished = Finished {
+            logprobs,
             text: generation.text,
             finish_reason,
             usage: Usage {

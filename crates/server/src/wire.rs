@@ -24,6 +24,10 @@ pub struct ChatCompletionRequest {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
+    /// Return each answer token's log probability (`choices[].logprobs.content`).
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: this many most likely alternatives per token (0 to 20).
+    pub top_logprobs: Option<i64>,
     /// The `specee` extension object.
     pub specee: Option<SpeceeOptions>,
     /// Every other field, checked by [`crate::request`].
@@ -44,6 +48,8 @@ pub struct CompletionRequest {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
+    /// Return each token's log probability and this many most likely alternatives (0 to 20; OpenAI allows 5).
+    pub logprobs: Option<i64>,
     pub specee: Option<SpeceeOptions>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -284,11 +290,81 @@ pub struct ChatCompletion {
     pub specee: SpeceeInfo,
 }
 
+/// One token's log probability under the model, as chat completions give it (`logprobs.content[]`); also what
+/// the completions endpoint's own shape is built from.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenLogprob {
+    /// The token's text (bytes that are not UTF-8 on their own are replaced; `bytes` holds them exactly).
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    /// The most likely tokens at this step, most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One alternative of [`TokenLogprob::top_logprobs`].
+#[derive(Clone, Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// `choices[].logprobs` of a chat completion (and of each streamed chunk: the chunk's tokens).
+#[derive(Debug, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+    pub refusal: Option<Vec<TokenLogprob>>,
+}
+
+/// `choices[].logprobs` of a completion (and of each streamed chunk: the chunk's tokens).
+#[derive(Debug, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    /// Per token, the alternatives by text (alternatives whose texts coincide keep the likelier).
+    pub top_logprobs: Vec<TopByText>,
+    /// Where each token's text starts in the completion (characters).
+    pub text_offset: Vec<usize>,
+}
+
+/// A completions `top_logprobs` entry: a JSON object from token text to log probability, most likely first.
+#[derive(Debug, Default)]
+pub struct TopByText(pub Vec<(String, f32)>);
+
+impl Serialize for TopByText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+impl CompletionLogprobs {
+    /// The completions shape of `entries`, the first starting at character `offset` of the completion; returns
+    /// it with the offset after the last.
+    pub fn from_entries(entries: Vec<TokenLogprob>, mut offset: usize) -> (CompletionLogprobs, usize) {
+        let mut out = CompletionLogprobs::default();
+        for e in entries {
+            let mut top = TopByText::default();
+            for alt in e.top_logprobs {
+                if !top.0.iter().any(|(t, _)| *t == alt.token) {
+                    top.0.push((alt.token, alt.logprob));
+                }
+            }
+            out.text_offset.push(offset);
+            offset += e.token.chars().count();
+            out.tokens.push(e.token);
+            out.token_logprobs.push(e.logprob);
+            out.top_logprobs.push(top);
+        }
+        (out, offset)
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
 }
 
@@ -316,7 +392,7 @@ pub struct ChatCompletionChunk {
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
@@ -346,7 +422,7 @@ pub struct Completion {
 pub struct CompletionChoice {
     pub text: String,
     pub index: u32,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 

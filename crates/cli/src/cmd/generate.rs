@@ -52,6 +52,31 @@ pub struct Args {
     /// Print one JSON object (prompt_ids, generated_ids, text, timings) instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Report each generated token's log probability under the full model, with its K most likely alternatives
+    /// (0 to 20): a table on stderr after the text, or `logprobs` in `--json`. Dense and eagle (equal values).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u8).range(0..=20))]
+    pub logprobs: Option<u8>,
+}
+
+/// A token's text as the log probability listings show it (invalid UTF-8 replaced).
+fn token_text(eng: &engine::Engine, token: u32) -> String {
+    String::from_utf8_lossy(eng.tokenizer.token_bytes(token)).into_owned()
+}
+
+/// `--json`'s `logprobs`: one object per generated token.
+fn logprobs_json(eng: &engine::Engine, entries: &[engine::TokenLogprobs]) -> serde_json::Value {
+    let alt = |&(t, lp): &(u32, f32)| serde_json::json!({"token": t, "text": token_text(eng, t), "logprob": lp});
+    entries
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "token": e.token,
+                "text": token_text(eng, e.token),
+                "logprob": e.logprob,
+                "top": e.top.iter().map(alt).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
 }
 
 /// The grammar `--json-schema` or `--grammar` names, read and parsed (a clear error for a missing file or bad JSON).
@@ -77,6 +102,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         sampling: a.sampling.params(),
         stop_at_eog: !a.ignore_eos,
         grammar: grammar_spec(a.json_schema.as_deref(), a.grammar.as_deref())?,
+        logprobs: a.logprobs.map(usize::from),
         ..Default::default()
     };
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
@@ -115,6 +141,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             (g, stats, None)
         }
         (exit, Some(p)) => {
+            anyhow::ensure!(a.logprobs.is_none(), "--logprobs does not combine with a reasoning exit");
             let proposer = a.mode.reasoning_proposer(&eng, &model_path)?;
             let threads = a.model.threads();
             let (g, r) = eng.generate_reasoning(&ids, &params, a.ctx, threads, proposer, p, exit, on_text)?;
@@ -167,6 +194,9 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     None => serde_json::Value::Null,
                 },
         });
+        if let Some(entries) = &g.logprobs {
+            v["logprobs"] = logprobs_json(&eng, entries);
+        }
         if let Some((s, answer)) = split {
             v["reasoning"] = serde_json::json!({
                 "profile": profile.as_ref().map(|p| p.name.clone()),
@@ -190,6 +220,19 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
             t.decode_tokens,
             t.decode_tokens_per_s()
         );
+        if let Some(entries) = &g.logprobs {
+            eprintln!("log probabilities (token, logprob, then the most likely alternatives):");
+            for e in entries {
+                let alts: Vec<String> =
+                    e.top.iter().map(|&(t, lp)| format!("{:?} {lp:.3}", token_text(&eng, t))).collect();
+                eprintln!(
+                    "  {:<16} {:>8.4}  {}",
+                    format!("{:?}", token_text(&eng, e.token)),
+                    e.logprob,
+                    alts.join(", ")
+                );
+            }
+        }
         if let Some((s, answer)) = split {
             eprintln!(
                 "reasoning: {} tokens{}, answer: {} tokens, final answer: {}",

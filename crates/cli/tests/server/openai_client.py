@@ -138,7 +138,7 @@ def main():
     for name, kwargs in [
         ("n=2", {"n": 2}),
         ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]}),
-        ("logprobs", {"logprobs": True}),
+        ("top_logprobs above 20", {"logprobs": True, "top_logprobs": 21}),
         ("unknown response_format", {"response_format": {"type": "xml"}}),
         ("unusable json schema", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
         ("unknown mode", {"extra_body": {"specee": {"mode": "warp"}}}),

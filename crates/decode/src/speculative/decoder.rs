@@ -172,6 +172,19 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         self.acceptance.path.iter().skip(1).map(|&i| self.tree.source(i))
     }
 
+    /// The target's full logits before the `i`-th token the last step committed (the verification row of its
+    /// parent: the root for the first, then the accepted drafts), into `out` — what dense decoding computes for
+    /// the same token. An error when the last step committed fewer than `i + 1` tokens.
+    pub fn committed_logits(&mut self, i: usize, out: &mut Vec<f32>) -> Result<(), SpeculativeError> {
+        let row = *self
+            .acceptance
+            .path
+            .get(i)
+            .ok_or_else(|| SpeculativeError::Proposer(format!("the last step committed no token {i}").into()))?;
+        self.verifier.row_logits(self.model, row, &mut self.ws, out);
+        Ok(())
+    }
+
     /// Forgets everything but the counters.
     pub fn reset(&mut self) {
         self.truncate(0);
