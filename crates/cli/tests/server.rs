@@ -28,7 +28,10 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let model = smollm2();
+        Server::start_model(&smollm2(), extra)
+    }
+
+    fn start_model(model: &std::path::Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_specee"))
             .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "2"])
             .args(extra)
@@ -295,6 +298,21 @@ fn logprobs_of_eagle_equal_dense_streamed_and_not_through_the_openai_client() {
     let server = Server::start(&["--parallel", "4"]);
     let env = [("SPECEE_CLIENTS", "4"), ("SPECEE_COMPARE_EAGLE", "0")];
     run_client_script(&server, "logprobs.py", &env, "all logprobs checks passed");
+}
+
+#[test]
+fn tool_calls_round_trip_on_qwen_coder_through_the_openai_client() {
+    // tests/server/tools.py: auto, required and named choices, the call -> tool message -> answer round trip,
+    // streamed calls, tool_choice none, malformed tools as 400s.
+    let server = Server::start_model(&qwen_coder(), &[]);
+    run_client_script(&server, "tools.py", &[], "all tool checks passed");
+    // A template without a tools section (SmolLM2's) refuses tools.
+    let server = Server::start(&[]);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                      "tools": [{"type": "function", "function": {"name": "f"}}]});
+    let r = server.post_json("/v1/chat/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("no tools section"), "{}", r.body);
 }
 
 #[test]

@@ -234,7 +234,7 @@ impl<'e> Conversation<'e> {
             self.messages.remove(0);
         }
         if let Some(text) = text {
-            self.messages.insert(0, Message { role: "system".into(), content: text.into() });
+            self.messages.insert(0, Message::new("system", text));
         }
     }
 
@@ -261,7 +261,7 @@ impl<'e> Conversation<'e> {
         params: &GenerateParams,
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Turn, EngineError> {
-        self.messages.push(Message { role: "user".into(), content: text.into() });
+        self.messages.push(Message::new("user", text));
         let result = self.answer(params, on_text);
         if result.is_err() {
             self.messages.pop();
@@ -273,7 +273,7 @@ impl<'e> Conversation<'e> {
         let (ids, dropped_messages) = self.fit(params.max_tokens)?;
         let mut turn = self.decoder.continue_with(self.engine, ids, params, on_text)?;
         turn.dropped_messages = dropped_messages;
-        self.messages.push(Message { role: "assistant".into(), content: turn.generation.text.clone() });
+        self.messages.push(Message::new("assistant", turn.generation.text.clone()));
         Ok(turn)
     }
 
@@ -335,7 +335,7 @@ pub fn parse_messages(json: &str) -> Result<Vec<Message>, String> {
             if !matches!(role.as_str(), "system" | "user" | "assistant") {
                 return Err(format!("message {i}: role \"{role}\" is not system, user or assistant"));
             }
-            Ok(Message { role, content: field("content")? })
+            Ok(Message::new(role, field("content")?))
         })
         .collect()
 }
@@ -351,10 +351,7 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_bad_files_are_explained() {
-        let m = vec![
-            Message { role: "system".into(), content: "Be brief.".into() },
-            Message { role: "user".into(), content: "Hi \"there\"\n".into() },
-        ];
+        let m = vec![Message::new("system", "Be brief."), Message::new("user", "Hi \"there\"\n")];
         assert_eq!(parse_messages(&messages_json(&m)).unwrap(), m);
         assert_eq!(parse_messages(r#"{"messages": [{"role": "user", "content": "x"}]}"#).unwrap().len(), 1);
         assert!(parse_messages("[{").unwrap_err().starts_with("not JSON"));

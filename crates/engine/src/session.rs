@@ -169,7 +169,7 @@ impl Engine {
         if !chat {
             return Ok(prompt.to_string());
         }
-        self.render_chat(&[chat::Message { role: "user".into(), content: prompt.into() }])
+        self.render_chat(&[chat::Message::new("user", prompt)])
     }
 
     /// `Err` naming both models when the artifact at `path` (its `metadata`) was made for another model than this
@@ -191,11 +191,26 @@ impl Engine {
 
     /// Renders a conversation with the model's chat template, opening the assistant's turn.
     pub fn render_chat(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
+        self.render_chat_with_tools(messages, None)
+    }
+
+    /// [`Engine::render_chat`] with OpenAI-style `tools` for the template's tools section.
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[chat::Message],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, EngineError> {
         let template = self.tokenizer.chat_template().ok_or(EngineError::NoChatTemplate)?;
         let piece = |id: Option<u32>| {
             id.map(|t| String::from_utf8_lossy(self.tokenizer.token_bytes(t)).into_owned()).unwrap_or_default()
         };
-        Ok(chat::render(template, messages, true, &piece(self.tokenizer.bos()), &piece(self.tokenizer.eos()))?)
+        let (bos, eos) = (piece(self.tokenizer.bos()), piece(self.tokenizer.eos()));
+        Ok(chat::render_with_tools(template, messages, tools, true, &bos, &eos)?)
+    }
+
+    /// Whether the model's chat template has a tools section (`tools` requests need one).
+    pub fn chat_template_supports_tools(&self) -> bool {
+        self.tokenizer.chat_template().is_some_and(chat::template_supports_tools)
     }
 
     /// Token ids of a rendered prompt, as llama.cpp tokenizes prompts (specials parsed, BOS as the model says).

@@ -275,7 +275,7 @@ impl Batcher {
                     constraint,
                     emitter: Emitter::new(engine, &params, prompt_len),
                     sampler: Sampler::new(params.sampling.clone()),
-                    holdback: Holdback::new(job.request.stop.clone()),
+                    holdback: Holdback::for_request(&job.request),
                     request: job.request,
                     events: job.events,
                     admitted_at: job.admitted_at,

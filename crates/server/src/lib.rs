@@ -39,6 +39,7 @@ pub mod mode;
 pub mod request;
 pub mod routes;
 pub mod scheduler;
+pub mod tools;
 pub mod wire;
 
 pub use error::{ApiError, ServerError};

@@ -55,6 +55,8 @@ pub struct GenerationRequest {
     pub include_specee: bool,
     /// Log probabilities with this many alternatives per token (`logprobs`, `top_logprobs`).
     pub logprobs: Option<usize>,
+    /// Functions the model may call (chat `tools`, `tool_choice` not `none`).
+    pub tools: Option<crate::tools::Tools>,
     /// A grammar the output must follow (`response_format`, `specee.grammar`).
     pub grammar: Option<GrammarSpec>,
 }
@@ -144,7 +146,25 @@ pub fn chat_request(
         response_format,
         logprobs: chat_logprobs(r.logprobs, r.top_logprobs)?,
     };
-    common.finish(PromptInput::Chat(messages), defaults)
+    let tools = crate::tools::parse(r.tools, r.tool_choice)?;
+    let mut request = common.finish(PromptInput::Chat(messages), defaults)?;
+    if let Some(t) = &tools {
+        if request.grammar.is_some() {
+            return Err(ApiError::invalid_param("tools", "give either 'tools' or 'response_format', not both"));
+        }
+        if t.choice != crate::tools::ToolChoice::Auto && !request.mode.follows_grammar(&request.sampling) {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                format!(
+                    "decoding mode '{}' cannot force a tool call (a grammar): use mode 'dense' (or 'eagle' with \
+                     temperature 0), or tool_choice 'auto'",
+                    request.mode.name()
+                ),
+            ));
+        }
+    }
+    request.tools = tools;
+    Ok(request)
 }
 
 /// Chat's `logprobs` (a flag) and `top_logprobs` (0 to 20, only with `logprobs`) as the number of alternatives.
@@ -429,6 +449,7 @@ impl Common {
             grammar,
             include_specee,
             logprobs: self.logprobs,
+            tools: None,
             input,
             max_tokens: self.max_tokens,
             sampling,
@@ -473,13 +494,13 @@ fn chat_message(index: usize, m: wire::ChatMessage) -> Result<Message, ApiError>
     let at = |field: &str| format!("messages[{index}].{field}");
     check_extra_fields(&m.extra, &format!("messages[{index}]."))?;
     let role = match m.role.as_str() {
-        "system" | "user" | "assistant" => m.role.clone(),
+        "system" | "user" | "assistant" | "tool" => m.role.clone(),
         // OpenAI's newer name for system instructions.
         "developer" => "system".to_string(),
-        "tool" | "function" => {
+        "function" => {
             return Err(ApiError::unsupported(
                 at("role"),
-                format!("role '{}' needs tool calling, which this server does not support", m.role),
+                "role 'function' (the deprecated function-calling API) is not supported: send 'tool' messages",
             ))
         }
         other => {
@@ -489,7 +510,16 @@ fn chat_message(index: usize, m: wire::ChatMessage) -> Result<Message, ApiError>
             ))
         }
     };
+    let tool_calls = match m.tool_calls {
+        None | Some(Value::Null) => None,
+        Some(_) if role != "assistant" => {
+            return Err(ApiError::invalid_param(at("tool_calls"), "only assistant messages carry 'tool_calls'"))
+        }
+        Some(calls) => Some(crate::tools::template_calls(calls, &at("tool_calls"))?),
+    };
     let content = match m.content {
+        // An assistant message of tool calls alone.
+        None if tool_calls.is_some() => String::new(),
         None => return Err(ApiError::invalid_param(at("content"), format!("'{}' is missing", at("content")))),
         Some(MessageContent::Text(t)) => t,
         Some(MessageContent::Parts(parts)) => {
@@ -514,7 +544,7 @@ fn chat_message(index: usize, m: wire::ChatMessage) -> Result<Message, ApiError>
             text
         }
     };
-    Ok(Message { role, content })
+    Ok(Message { role, content, tool_calls })
 }
 
 fn token_ids(ids: Vec<i64>, vocab_size: usize) -> Result<Vec<u32>, ApiError> {
@@ -548,8 +578,8 @@ fn extra_policy(name: &str) -> Option<Extra> {
         | "prompt_cache_key"
         | "safety_identifier"
         | "name" => Extra::Benign,
-        "tools" | "tool_choice" | "functions" | "function_call" | "tool_calls" | "tool_call_id" => {
-            Extra::OnlyNeutral("tool calling is not supported")
+        "functions" | "function_call" => {
+            Extra::OnlyNeutral("the deprecated function-calling API is not supported (send 'tools')")
         }
         "frequency_penalty" | "presence_penalty" => {
             Extra::OnlyNeutral("frequency and presence penalties are not supported (see specee.repeat_penalty)")
@@ -747,7 +777,13 @@ mod tests {
         for (extra, want) in [
             (r#""n": 2"#, "n"),
             (r#""n": 0"#, "n"),
-            (r#""tools": [{"type": "function"}]"#, "tools"),
+            (r#""tools": [{"type": "function"}]"#, "tools[0].function"),
+            (r#""tool_choice": "required""#, "tool_choice"),
+            (r#""functions": [{"name": "f"}]"#, "functions"),
+            (
+                r#""tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}"#,
+                "tools",
+            ),
             (r#""logprobs": true, "top_logprobs": 21"#, "top_logprobs"),
             (r#""logprobs": true, "top_logprobs": -1"#, "top_logprobs"),
             (r#""top_logprobs": 2"#, "top_logprobs"),
@@ -782,9 +818,27 @@ mod tests {
         }
         assert_eq!(param(chat(r#"{"messages": []}"#).unwrap_err()).as_deref(), Some("messages"));
         assert_eq!(
-            param(chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#).unwrap_err()).as_deref(),
+            param(chat(r#"{"messages": [{"role": "function", "content": "x"}]}"#).unwrap_err()).as_deref(),
             Some("messages[0].role")
         );
+        assert_eq!(
+            param(chat(r#"{"messages": [{"role": "user", "content": "x", "tool_calls": []}]}"#).unwrap_err())
+                .as_deref(),
+            Some("messages[0].tool_calls")
+        );
+        // A tool round trip's messages: the assistant's calls (content null) and the tool's answer.
+        let r = chat(
+            r#"{"messages": [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                 "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "18 C"}],
+                "tools": [{"type": "function", "function": {"name": "w"}}], "tool_choice": "auto"}"#,
+        )
+        .unwrap();
+        let PromptInput::Chat(m) = &r.input else { panic!() };
+        assert_eq!(m[1].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["city"], "Paris");
+        assert_eq!((m[2].role.as_str(), m[2].content.as_str()), ("tool", "18 C"));
+        assert!(r.tools.is_some());
         assert_eq!(
             param(chat(r#"{"messages": [{"role": "user", "content": 3}]}"#).unwrap_err()).as_deref(),
             Some("messages[0].content")

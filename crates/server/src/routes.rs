@@ -277,7 +277,12 @@ impl Chunks {
                 model: self.model.clone(),
                 choices: vec![wire::ChatChoice {
                     index: 0,
-                    message: wire::AssistantMessage { role: "assistant", content: f.text },
+                    message: wire::AssistantMessage {
+                        role: "assistant",
+                        // Only tool calls: `content` is null, as OpenAI answers.
+                        content: (f.tool_calls.is_none() || !f.text.is_empty()).then_some(f.text),
+                        tool_calls: f.tool_calls,
+                    },
                     logprobs: logprobs.map(|content| wire::ChatLogprobs { content, refusal: None }),
                     finish_reason: f.finish_reason,
                 }],
@@ -319,20 +324,12 @@ impl Chunks {
         specee: Option<wire::StreamSpecee>,
     ) -> SseEvent {
         match self.kind {
-            Kind::Chat => json_event(&wire::ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![wire::ChunkChoice {
-                    index: 0,
-                    delta: wire::Delta { role: role.then_some("assistant"), content: text },
-                    logprobs: logprobs.map(|(content, _)| wire::ChatLogprobs { content, refusal: None }),
-                    finish_reason,
-                }],
-                usage: None,
+            Kind::Chat => self.chat_chunk(
+                wire::Delta { role: role.then_some("assistant"), content: text, tool_calls: None },
+                logprobs.map(|(content, _)| wire::ChatLogprobs { content, refusal: None }),
+                finish_reason,
                 specee,
-            }),
+            ),
             Kind::Completion => json_event(&self.completion_chunk(vec![wire::CompletionChoice {
                 text: text.unwrap_or_default(),
                 index: 0,
@@ -344,6 +341,30 @@ impl Chunks {
                 finish_reason,
             }])),
         }
+    }
+
+    /// A chat chunk whose delta is the answer's tool calls.
+    fn tool_calls_chunk(&self, calls: Vec<wire::DeltaToolCall>) -> SseEvent {
+        self.chat_chunk(wire::Delta { role: None, content: None, tool_calls: Some(calls) }, None, None, None)
+    }
+
+    /// One `chat.completion.chunk` event of this stream.
+    fn chat_chunk(
+        &self,
+        delta: wire::Delta,
+        logprobs: Option<wire::ChatLogprobs>,
+        finish_reason: Option<&'static str>,
+        specee: Option<wire::StreamSpecee>,
+    ) -> SseEvent {
+        json_event(&wire::ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![wire::ChunkChoice { index: 0, delta, logprobs, finish_reason }],
+            usage: None,
+            specee,
+        })
     }
 
     fn completion_chunk(&self, choices: Vec<wire::CompletionChoice>) -> wire::Completion {
@@ -443,7 +464,13 @@ fn stream_response(chunks: Chunks, rx: UnboundedReceiver<Event>, flags: StreamFl
                     let event = s.chunks.chunk_with(false, Some(text), None, logprobs, specee);
                     s.pending.push_back(event);
                 }
-                Some(Event::Done(f)) => {
+                Some(Event::Done(mut f)) => {
+                    if let Some(calls) = f.tool_calls.take() {
+                        // The calls, whole, in one delta before the finishing chunk.
+                        let calls =
+                            calls.into_iter().enumerate().map(|(index, call)| wire::DeltaToolCall { index, call });
+                        s.pending.push_back(s.chunks.tool_calls_chunk(calls.collect()));
+                    }
                     let empty = (s.chunks.kind == Kind::Completion).then(String::new);
                     let summary = Some(f.info.clone());
                     let (logprobs, specee) = take_tokens(&mut s.tokens, s.flags, &mut s.offset, summary);

@@ -51,6 +51,8 @@ pub struct StreamedToken {
 #[derive(Debug)]
 pub struct Finished {
     pub text: String,
+    /// The calls the answer made (`tools`); `text` is then what the model wrote around them.
+    pub tool_calls: Option<Vec<crate::tools::ToolCall>>,
     /// One entry per answer token (`logprobs`).
     pub logprobs: Option<Vec<crate::wire::TokenLogprob>>,
     /// OpenAI's `finish_reason`: `stop` or `length`.
@@ -249,7 +251,7 @@ impl Worker {
             shared.record_cancelled(request.mode);
             return Ok(());
         }
-        let mut holdback = Holdback::new(request.stop.clone());
+        let mut holdback = Holdback::for_request(request);
         let mut first_piece = true;
         let on_text = |piece: &str| {
             if first_piece {
@@ -404,8 +406,15 @@ impl Shared {
     /// when the prompt is empty or does not fit the context.
     pub(crate) fn prepare(&self, request: &GenerationRequest) -> Result<(Vec<u32>, GenerateParams), ApiError> {
         let engine = &*self.engine;
+        let tools = request.tools.as_ref();
+        if tools.is_some() && !engine.chat_template_supports_tools() {
+            let why = "this model's chat template has no tools section, so it cannot be given tools";
+            return Err(ApiError::invalid_param("tools", why));
+        }
         let prompt_ids = match &request.input {
-            PromptInput::Chat(messages) => engine.tokenize_prompt(&engine.render_chat(messages)?),
+            PromptInput::Chat(messages) => {
+                engine.tokenize_prompt(&engine.render_chat_with_tools(messages, tools.map(|t| &t.spec))?)
+            }
             PromptInput::Text(text) => engine.tokenize_prompt(text),
             PromptInput::Tokens(ids) => ids.clone(),
         };
@@ -415,10 +424,18 @@ impl Shared {
         if prompt_ids.len() >= self.ctx {
             return Err(EngineError::PromptTooLong { prompt: prompt_ids.len(), ctx: self.ctx }.into());
         }
+        // A forced tool call is a grammar: the tags as the vocabulary's own tokens where it has them.
+        let tag = |t: &str| match engine.tokenizer.token_id(t) {
+            Some(id) => format!("<[{id}]>"),
+            None => serde_json::to_string(t).unwrap_or_default(),
+        };
+        let forced = tools.and_then(|t| t.grammar(&tag(crate::tools::CALL_OPEN), &tag(crate::tools::CALL_CLOSE)));
+        let grammar = forced.map(engine::constraint::GrammarSpec::Lark).or_else(|| request.grammar.clone());
         // A schema or grammar that cannot compile is the request's fault: a 400 before anything streams.
-        if let Some(spec) = &request.grammar {
+        if let Some(spec) = &grammar {
             engine.constraint(spec).map_err(|e| {
                 let param = match spec {
+                    _ if tools.is_some() => "tools",
                     engine::constraint::GrammarSpec::JsonSchema(_) => "response_format",
                     engine::constraint::GrammarSpec::Lark(_) => "specee.grammar",
                 };
@@ -432,7 +449,7 @@ impl Shared {
             stop_at_eog: request.stop_at_eog,
             stop: request.stop.clone(),
             trace: request.trace.clone(),
-            grammar: request.grammar.clone(),
+            grammar,
             logprobs: request.logprobs,
         };
         Ok((prompt_ids, params))
@@ -465,7 +482,7 @@ impl Shared {
     ) {
         let prompt_tokens = generation.prompt_ids.len();
         let timings = generation.timings;
-        let (outcome, finish_reason) = match generation.finish {
+        let (outcome, mut finish_reason) = match generation.finish {
             FinishReason::Stop => (Outcome::Stop, "stop"),
             // OpenAI's API says `length` for both.
             FinishReason::Length | FinishReason::ContextFull => (Outcome::Length, "length"),
@@ -476,9 +493,20 @@ impl Shared {
         if outcome == Outcome::Cancelled {
             return;
         }
+        // Tool calls in the answer: the text around them is the content.
+        let mut text = generation.text;
+        let mut tool_calls = None;
+        if let Some((content, mut calls)) = request.tools.as_ref().and_then(|t| t.parse_calls(&text)) {
+            for c in calls.iter_mut() {
+                c.id = crate::tools::next_call_id();
+            }
+            text = content;
+            tool_calls = Some(calls);
+            finish_reason = "tool_calls";
+        }
         if request.stream {
             send_tokens(request, events, &self.engine.tokenizer);
-            let rest = holdback.finish(&generation.text);
+            let rest = holdback.finish(&text);
             if !rest.is_empty() {
                 let _ = events.send(Event::Text(rest.to_string()));
             }
@@ -490,7 +518,8 @@ impl Shared {
         let logprobs = generation.logprobs.map(|l| l.iter().map(|e| wire_logprob(&self.engine.tokenizer, e)).collect());
         let finished = Finished {
             logprobs,
-            text: generation.text,
+            tool_calls,
+            text,
             finish_reason,
             usage: Usage {
                 prompt_tokens,

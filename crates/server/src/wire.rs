@@ -28,6 +28,9 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     /// With `logprobs`: this many most likely alternatives per token (0 to 20).
     pub top_logprobs: Option<i64>,
+    /// Functions the model may call (checked by [`crate::tools::parse`]).
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
     /// The `specee` extension object.
     pub specee: Option<SpeceeOptions>,
     /// Every other field, checked by [`crate::request`].
@@ -62,6 +65,10 @@ pub struct ChatMessage {
     pub content: Option<MessageContent>,
     /// A participant name (accepted; chat templates here do not use it).
     pub name: Option<String>,
+    /// An assistant message's calls (a previous answer's `tool_calls`).
+    pub tool_calls: Option<Value>,
+    /// A `tool` message's answer to this call (accepted; templates match answers to calls by order).
+    pub tool_call_id: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -371,7 +378,18 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<crate::tools::ToolCall>>,
+}
+
+/// One call in a streamed `delta.tool_calls`.
+#[derive(Debug, Serialize)]
+pub struct DeltaToolCall {
+    pub index: usize,
+    #[serde(flatten)]
+    pub call: crate::tools::ToolCall,
 }
 
 /// One server-sent event of a streamed chat completion.
@@ -402,6 +420,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<DeltaToolCall>>,
 }
 
 /// Response of `POST /v1/completions` without streaming, and (with `usage: None`) each streamed event.
@@ -493,8 +513,8 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_kept() {
-        let r: ChatCompletionRequest = serde_json::from_str(r#"{"messages": [], "tools": [], "x": 1}"#).unwrap();
-        assert!(r.extra.contains_key("tools") && r.extra.contains_key("x"));
+        let r: ChatCompletionRequest = serde_json::from_str(r#"{"messages": [], "user": "u", "x": 1}"#).unwrap();
+        assert!(r.extra.contains_key("user") && r.extra.contains_key("x"));
     }
 
     #[test]

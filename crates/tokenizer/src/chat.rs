@@ -26,13 +26,22 @@ pub struct Message {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant message's tool calls, as chat templates read them (`[{"type": "function", "function":
+    /// {"name": …, "arguments": {…}}}]`, arguments an object); absent from the template's view when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 impl Message {
     /// A message with the given role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), tool_calls: None }
     }
+}
+
+/// Whether `template` renders the `tools` variable (a tool-aware template, such as Qwen2.5's).
+pub fn template_supports_tools(template: &str) -> bool {
+    template.contains("tools")
 }
 
 /// Renders `messages` with `template`. With `add_generation_prompt`, the template appends the
@@ -40,6 +49,19 @@ impl Message {
 pub fn render(
     template: &str,
     messages: &[Message],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String, TokenizerError> {
+    render_with_tools(template, messages, None, add_generation_prompt, bos_token, eos_token)
+}
+
+/// [`render`] with `tools` (OpenAI's `tools` array: `[{"type": "function", "function": {"name", "description",
+/// "parameters"}}]`) as the template's `tools` variable.
+pub fn render_with_tools(
+    template: &str,
+    messages: &[Message],
+    tools: Option<&serde_json::Value>,
     add_generation_prompt: bool,
     bos_token: &str,
     eos_token: &str,
@@ -61,11 +83,13 @@ pub fn render(
     }
     env.add_template("chat", template).map_err(template_error)?;
     let tmpl = env.get_template("chat").map_err(template_error)?;
-    let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+    let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum::<usize>()
+        + tools.map_or(0, |t| t.to_string().len());
     let mut out = Bounded { text: Vec::new(), limit: MAX_RENDERED_BASE + 4 * input, full: false };
     let rendered = tmpl.render_captured_to(
         context! {
             messages => messages,
+            tools => tools.map(Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,

@@ -16,17 +16,10 @@ SPECEE_COMPARE_EAGLE (1: compare eagle with dense, default 1). Exits non-zero, n
 import concurrent.futures
 import math
 import os
-import sys
 
 import openai
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail}"), flush=True)
-    if not ok:
-        failures.append(name)
+from checks import check, conclude, refused
 
 
 PROMPTS = [
@@ -143,16 +136,10 @@ def main():
 
     # Bad counts are 400s the client raises.
     for name, kwargs in [("top_logprobs 21", {"logprobs": True, "top_logprobs": 21}), ("top_logprobs without logprobs", {"top_logprobs": 2})]:
-        try:
-            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, **kwargs)
-            check(f"{name} refused", False, "no error")
-        except openai.BadRequestError as e:
-            check(f"{name} refused", e.status_code == 400, e)
+        refused(name, lambda: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, **kwargs))
 
-    if failures:
-        print(f"{len(failures)} check(s) failed: {failures}", file=sys.stderr)
-        sys.exit(1)
-    print("all logprobs checks passed")
+    conclude("logprobs")
 
 
 if __name__ == "__main__":

@@ -10,17 +10,10 @@ Exits non-zero, naming the check, on any mismatch.
 
 import json
 import os
-import sys
 
 import openai
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail}"), flush=True)
-    if not ok:
-        failures.append(name)
+from checks import check, conclude, refused
 
 
 def main():
@@ -144,17 +137,11 @@ def main():
         ("unknown mode", {"extra_body": {"specee": {"mode": "warp"}}}),
         ("unknown field", {"extra_body": {"frobnicate": True}}),
     ]:
-        try:
-            client.chat.completions.create(model=model, messages=messages, max_tokens=2, **kwargs)
-            check(f"{name} refused", False, "no error")
-        except openai.BadRequestError as e:
-            body = e.body if isinstance(e.body, dict) else {}
-            check(f"{name} refused", e.status_code == 400 and isinstance(body.get("message"), str), (e.status_code, e.body))
+        e = refused(name, lambda: client.chat.completions.create(model=model, messages=messages, max_tokens=2, **kwargs))
+        body = e.body if e is not None and isinstance(e.body, dict) else {}
+        check(f"{name} error has a message", isinstance(body.get("message"), str), e and e.body)
 
-    if failures:
-        print(f"{len(failures)} check(s) failed: {failures}", file=sys.stderr)
-        sys.exit(1)
-    print("all openai client checks passed")
+    conclude("openai client")
 
 
 if __name__ == "__main__":
