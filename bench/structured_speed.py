@@ -1,9 +1,12 @@
 """Speed of grammar-constrained decoding (issue #37): for N schema/prompt pairs (the family of
 crates/cli/tests/server/structured_output.py), runs `specee generate --json` side by side:
 
-  free    unconstrained dense greedy, as many tokens as the constrained answer (--ignore-eos), same prompt
-  dense   --json-schema, --mode dense
-  eagle   --json-schema, --mode eagle (its ids must equal dense's)
+  free       unconstrained dense greedy, as many tokens as the constrained answer (--ignore-eos), same prompt
+  off        --json-schema, --mode dense --jump-forward off (one forward per token)
+  checked    --json-schema, --mode dense (jump-forward checked, the default: its ids must equal off's)
+  unchecked  --json-schema, --mode dense --jump-forward unchecked (its ids may differ from off's: the number of
+             identical answers is printed)
+  eagle      --json-schema, --mode eagle (its ids must equal off's)
 
 and prints per mode the decode speed over all pairs (total tokens / total decode seconds; median and range over
 --repeat alternating rounds), τ for eagle, and the ratios constrained/free.
@@ -41,26 +44,34 @@ def main():
     print("| model | mode | tok/s median (min–max) | ×free | τ | tokens |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for model in a.model or ["smollm2"]:
-        rates = {"free": [], "dense": [], "eagle": []}
+        rates = {"free": [], "off": [], "checked": [], "unchecked": [], "eagle": []}
         taus, tokens = [], 0
+        same = forced = jump_tokens = 0
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(a.repeat):
                 totals = {k: [0, 0.0] for k in rates}
                 fwd = [0, 0]
-                tokens = 0
+                tokens = same = forced = jump_tokens = 0
                 for i, (name, schema, prompt) in enumerate(cases(a.cases)):
                     path = os.path.join(tmp, f"{i}.json")
                     with open(path, "w") as f:
                         json.dump(schema, f)
                     s = ["--json-schema", path, "-n", str(a.n)]
-                    d = run(a.bin, model, prompt, s + ["--mode", "dense"], a.threads)
+                    d = run(a.bin, model, prompt, s + ["--mode", "dense", "--jump-forward", "off"], a.threads)
+                    c = run(a.bin, model, prompt, s + ["--mode", "dense"], a.threads)
                     e = run(a.bin, model, prompt, s + ["--mode", "eagle"], a.threads)
-                    if e["generated_ids"] != d["generated_ids"]:
-                        sys.exit(f"{model} {name}: eagle's constrained output differs from dense's")
+                    j = run(a.bin, model, prompt, s + ["--mode", "dense", "--jump-forward", "unchecked"], a.threads)
+                    for other, label in [(c, "checked jump-forward"), (e, "eagle")]:
+                        if other["generated_ids"] != d["generated_ids"]:
+                            sys.exit(f"{model} {name}: {label}'s constrained output differs from dense's")
+                    json.loads(j["text"])
+                    same += j["generated_ids"] == d["generated_ids"]
+                    forced += c["timings"]["forced_tokens"]
+                    jump_tokens += len(c["generated_ids"])
                     n = len(d["generated_ids"])
                     tokens += n
                     free = run(a.bin, model, prompt, ["--mode", "dense", "-n", str(n), "--ignore-eos"], a.threads)
-                    for k, g in [("free", free), ("dense", d), ("eagle", e)]:
+                    for k, g in [("free", free), ("off", d), ("checked", c), ("unchecked", j), ("eagle", e)]:
                         t = g["timings"]
                         totals[k][0] += t["decode_tokens"]
                         totals[k][1] += t["decode_tokens"] / t["decode_tokens_per_s"] if t["decode_tokens_per_s"] else 0
@@ -74,6 +85,9 @@ def main():
             med = statistics.median(rates[k])
             tau = f"{statistics.median(taus):.2f}" if k == "eagle" else ""
             print(f"| {model} | {k} | {med:.1f} ({min(rates[k]):.1f}–{max(rates[k]):.1f}) | {med / free:.2f} | {tau} | {tokens} |", flush=True)
+        n = len(cases(a.cases))
+        print(f"checked jump-forward on {model}: {forced} of {jump_tokens} tokens fed as forced rows "
+              f"({forced / max(jump_tokens, 1):.0%}); unchecked made {same} of {n} answers as dense", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ fn write(name: &str, text: &str) -> PathBuf {
     path
 }
 
-/// `generate --json` with `extra` flags; the parsed output object.
+/// `generate --json` with `extra` flags (`-n 160` unless they give one); the parsed output object.
 fn generate(model: &str, prompt: &str, extra: &[&str]) -> Value {
-    let mut args = vec!["generate", "-m", model, "-p", prompt, "--chat", "-n", "160", "-t", "2", "--json"];
+    let mut args = vec!["generate", "-m", model, "-p", prompt, "--chat", "-t", "2", "--json"];
+    if !extra.contains(&"-n") {
+        args.extend_from_slice(&["-n", "160"]);
+    }
     args.extend_from_slice(extra);
     let o = specee(&args, Duration::from_secs(300));
     assert!(o.status.success(), "{args:?}: {}", stderr(&o));
@@ -114,6 +117,85 @@ fn json_schema_outputs_parse_validate_and_eagle_equals_dense() {
             assert!(eagle["speculative"]["acceptance_length"].as_f64().unwrap() > 1.0, "{model} {name}");
         }
     }
+}
+
+#[test]
+fn checked_jump_forward_makes_the_tokens_of_decoding_without_it_in_fewer_forwards() {
+    let models = [smollm2(), qwen_coder()];
+    for model in &models {
+        let model = model.to_str().unwrap();
+        let (mut same, mut forced) = (0, 0);
+        for (name, schema, prompt) in cases() {
+            let file = write(&format!("jump-{name}.json"), &schema.to_string());
+            let file = file.to_str().unwrap();
+            let run = |how: &str, extra: &[&str]| {
+                let mut args = vec!["--json-schema", file, "--mode", "dense", "--logprobs", "2", "--jump-forward", how];
+                args.extend_from_slice(extra);
+                generate(model, prompt, &args)
+            };
+            let (off, checked, unchecked) = (run("off", &[]), run("checked", &[]), run("unchecked", &[]));
+            assert_eq!(
+                checked["generated_ids"], off["generated_ids"],
+                "{model} {name}: checked jump-forward is lossless"
+            );
+            assert_eq!(off["timings"]["forced_tokens"], 0, "{model} {name}");
+            let n = checked["timings"]["forced_tokens"].as_u64().unwrap();
+            assert!(n > 0, "{model} {name}: the schema forces keys");
+            forced += n;
+            // Every token, forced ones included, carries its log probability under the model: the forced rows
+            // are rows of the same forwards, so the values are those of one forward per token.
+            for (a, b) in checked["logprobs"].as_array().unwrap().iter().zip(off["logprobs"].as_array().unwrap()) {
+                let (a, b) = (a["logprob"].as_f64().unwrap(), b["logprob"].as_f64().unwrap());
+                assert!((a - b).abs() < 2e-3, "{model} {name}: {a} vs {b}");
+            }
+            // Unchecked: valid, its forced tokens committed as they are.
+            let text = unchecked["text"].as_str().unwrap();
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{model} {name}: {text:?}: {e}"));
+            check(&schema, &v, name);
+            assert_eq!(unchecked["finish_reason"], "stop", "{model} {name}");
+            same += usize::from(unchecked["generated_ids"] == off["generated_ids"]);
+            // A token budget that ends inside a forced run is met exactly, with the same tokens.
+            let ids = checked["generated_ids"].as_array().unwrap();
+            let cut = ids.len() / 2;
+            for how in ["checked", "unchecked"] {
+                let short = run(how, &["-n", &cut.to_string()]);
+                assert_eq!(short["generated_ids"].as_array().unwrap().len(), cut, "{model} {name} {how}: -n {cut}");
+                assert_eq!(short["finish_reason"], "length");
+            }
+        }
+        eprintln!(
+            "{model}: jump-forward fed {forced} forced tokens; unchecked made {same} of {} answers as dense",
+            cases().len()
+        );
+    }
+}
+
+#[test]
+fn checked_jump_forward_under_sampling_draws_what_sampling_without_it_draws() {
+    // Sampling wide (no top-k/top-p/min-p cut, temperature 1.5) over a grammar that forces nonsense: the model
+    // sometimes draws another split of the forced bytes than the canonical tokens, which checked jump-forward must
+    // then take instead (and the draws stay in step with the seed's), unchecked not.
+    let model = smollm2();
+    let model = model.to_str().unwrap();
+    let lark =
+        write("odd.lark", "start: \"Answer: xqzj-wvvkp Zyxx \" /[0-9]{1,3}/ \" and Qopfrab\" /[a-z]{1,6}/ \".\"\n");
+    let mut rejected = 0;
+    for seed in 1..=6 {
+        let seed = seed.to_string();
+        let run = |how: &str| {
+            let args = ["--grammar", lark.to_str().unwrap(), "--mode", "dense", "--temp", "1.5", "--top-k", "0"];
+            let mut args = args.to_vec();
+            args.extend_from_slice(&["--top-p", "1", "--min-p", "0", "--seed", &seed, "--jump-forward", how]);
+            generate(model, "Say something.", &args)
+        };
+        let (off, checked, unchecked) = (run("off"), run("checked"), run("unchecked"));
+        assert_eq!(checked["generated_ids"], off["generated_ids"], "seed {seed}");
+        assert!(checked["text"].as_str().unwrap().starts_with("Answer: xqzj-wvvkp Zyxx "), "{checked}");
+        let forced = |g: &Value| g["timings"]["forced_tokens"].as_u64().unwrap();
+        assert!(forced(&checked) > 0 && forced(&checked) <= forced(&unchecked), "seed {seed}");
+        rejected += usize::from(forced(&checked) < forced(&unchecked));
+    }
+    assert!(rejected > 0, "no seed drew another split of the forced bytes: the check was never exercised");
 }
 
 #[test]

@@ -33,7 +33,7 @@ pub mod speculative;
 pub use error::EngineError;
 pub use logprobs::TokenLogprobs;
 pub use session::{
-    Emitter, Engine, FinishReason, GenerateParams, Generation, Timings, TokenSource, TokenTrace, TraceSink,
+    Emitter, Engine, FinishReason, GenerateParams, Generation, JumpForward, Timings, TokenSource, TokenTrace, TraceSink,
 };
 
 use std::path::PathBuf;

@@ -2,6 +2,7 @@
 //! server. Prompts are tokenized as llama.cpp does (special-token text parsed, BOS where the model asks for
 //! it); `--chat` prompts are first rendered with the model's own chat template.
 
+use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::logprobs::{token_logprobs, TokenLogprobs};
 use decode::{DenseDecoder, Sampler, SamplingParams, TokenConstraint};
@@ -38,6 +39,9 @@ pub struct GenerateParams {
     /// [`crate::logprobs::MAX_TOP_LOGPROBS`]) in [`Generation::logprobs`] and the traces; dense and the tree
     /// modes (the early-exit modes refuse it). Costs one full head pass per token in greedy modes.
     pub logprobs: Option<usize>,
+    /// Jump-forward under a grammar in dense decoding ([`JumpForward`]; eagle ignores it: it drafts what the
+    /// grammar forces and verifies it).
+    pub jump_forward: JumpForward,
 }
 
 impl Default for GenerateParams {
@@ -50,6 +54,34 @@ impl Default for GenerateParams {
             trace: None,
             grammar: None,
             logprobs: None,
+            jump_forward: JumpForward::Checked,
+        }
+    }
+}
+
+/// What dense decoding under a grammar does with the tokens the grammar forces next (a schema's keys, `", "`):
+/// llguidance's canonical tokens for the bytes no choice can change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JumpForward {
+    /// Fed as extra rows of one forward, each kept only where it is what the model would have chosen at the row
+    /// before it: the output is exactly that of decoding without jump-forward, in fewer forwards.
+    #[default]
+    Checked,
+    /// Fed as extra rows and committed as they are: a little faster, but the model might not have picked those
+    /// tokens, so the output (never its grammar) can differ.
+    Unchecked,
+    /// One forward per token.
+    Off,
+}
+
+impl JumpForward {
+    /// `checked`, `unchecked` or `off`.
+    pub fn parse(name: &str) -> Option<JumpForward> {
+        match name {
+            "checked" => Some(JumpForward::Checked),
+            "unchecked" => Some(JumpForward::Unchecked),
+            "off" => Some(JumpForward::Off),
+            _ => None,
         }
     }
 }
@@ -66,6 +98,9 @@ pub enum TokenSource {
     Lookup,
     /// The target's own token after the accepted drafts of a verify step.
     Bonus,
+    /// A token the grammar forced, fed as an extra row of a forward instead of a step of its own
+    /// ([`JumpForward`]).
+    Forced,
 }
 
 impl TokenSource {
@@ -76,6 +111,7 @@ impl TokenSource {
             TokenSource::Draft => "draft",
             TokenSource::Lookup => "lookup",
             TokenSource::Bonus => "bonus",
+            TokenSource::Forced => "forced",
         }
     }
 }
@@ -120,6 +156,8 @@ pub struct Timings {
     pub prompt_seconds: f64,
     pub decode_tokens: usize,
     pub decode_seconds: f64,
+    /// Generated tokens the grammar forced and jump-forward committed without a model step of their own.
+    pub forced_tokens: usize,
 }
 
 impl Timings {
@@ -244,67 +282,212 @@ impl Engine {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
         let capacity = dec.capacity();
-        let mut sampler = Sampler::new(params.sampling.clone());
+        let sampler = Sampler::new(params.sampling.clone());
         let mut out = Emitter::new(self, params, prompt_ids.len());
         let mut history: Vec<u32> = dec.tokens().to_vec();
         history.extend_from_slice(prompt_ids);
 
-        // Greedy settings without a penalty need only the argmax (the head screen), everything else the logits.
-        // Under a grammar the token is the best allowed one: the screen's when allowed, else from the logits.
-        let greedy = params.sampling.is_greedy();
         let mut constraint = params.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
-        let mut scratch = Vec::new();
-        type Grammar = crate::constraint::Constraint;
-        let mut step = |dec: &mut DenseDecoder, ids: &[u32], history: &[u32], constraint: Option<&mut Grammar>| {
-            Ok::<u32, EngineError>(match (greedy, constraint) {
-                (true, None) => dec.feed_greedy(ids)?,
-                (false, None) => sampler.sample(dec.feed(ids)?, history),
-                (true, Some(c)) => {
-                    let argmax = dec.feed_greedy(ids)?;
-                    let full = |out: &mut Vec<f32>| {
-                        out.clear();
-                        out.extend_from_slice(dec.last_logits());
-                    };
-                    decode::constraint::constrained_argmax(argmax, c, full, &mut scratch)?
-                }
-                (false, Some(c)) => {
-                    scratch.clear();
-                    scratch.extend_from_slice(dec.feed(ids)?);
-                    c.mask(&mut scratch)?;
-                    sampler.sample(&scratch, history)
-                }
-            })
+        let mut pick = Picker {
+            greedy: params.sampling.is_greedy(),
+            sampler,
+            scratch: Vec::new(),
+            argmax: Vec::new(),
+            rows: Vec::new(),
+            rows_ready: false,
         };
         // Log probabilities come from the raw logits of the forward that made the token (a full head pass).
-        let entry =
-            |dec: &mut DenseDecoder, token: u32| params.logprobs.map(|k| token_logprobs(dec.last_logits(), token, k));
+        let entry = |dec: &mut DenseDecoder, row: usize, token: u32| {
+            params.logprobs.map(|k| token_logprobs(dec.row_logits(row), token, k))
+        };
         let t0 = Instant::now();
-        let mut next = step(dec, prompt_ids, &history, constraint.as_mut())?;
+        let mut next = pick.step(dec, prompt_ids, &history, constraint.as_mut())?;
+        let mut next_entry = entry(dec, prompt_ids.len() - 1, next);
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let layers = self.model.config.n_layers;
+        // Jump-forward: what the grammar forces after a token (keys, separators) goes into the same forward as
+        // extra rows instead of one forward each. Checked, each forced token is kept only where it is what the
+        // model would have chosen at the row before it (its argmax or the best allowed token, or the sampler's
+        // draw, made in the same order as without jumping); the first that is not is replaced by the model's
+        // choice and the rest dropped, so the output is exactly that of decoding without jump-forward.
+        // Unchecked, the forced tokens are committed as they are.
+        let mut ids = Vec::new();
         while out.generated.len() < params.max_tokens {
-            if !out.push_traced(next, TokenSource::Plain, layers, entry(dec, next), &mut on_text) {
+            if !out.push_traced(next, TokenSource::Plain, layers, next_entry.take(), &mut on_text) {
                 break;
             }
             history.push(next);
+            ids.clear();
+            ids.push(next);
+            let mut finished = false;
             if let Some(c) = constraint.as_mut() {
                 c.commit(next)?;
-                if c.is_finished() {
+                finished = c.is_finished();
+                if !finished && params.jump_forward != JumpForward::Off {
+                    let room =
+                        (params.max_tokens - out.generated.len()).min(capacity.saturating_sub(dec.tokens().len() + 1));
+                    ids.extend(c.forced().into_iter().take(room));
+                }
+            }
+            let forced = ids.len() - 1;
+            if forced == 0 {
+                if finished {
                     out.finish = FinishReason::Stop;
                     break;
                 }
+                if out.generated.len() == params.max_tokens {
+                    break;
+                }
+                if dec.tokens().len() >= capacity {
+                    out.finish = FinishReason::ContextFull;
+                    break;
+                }
+                next = pick.step(dec, &ids, &history, constraint.as_mut())?;
+                next_entry = entry(dec, 0, next);
+                continue;
             }
-            if out.generated.len() == params.max_tokens {
+            let c = constraint.as_mut().expect("forced tokens come from a grammar");
+            let base = dec.tokens().len();
+            let mut accepted = 0;
+            let mut decided = false;
+            if params.jump_forward == JumpForward::Unchecked {
+                for &f in &ids[1..] {
+                    c.commit(f)?;
+                    history.push(f);
+                    accepted += 1;
+                    if c.is_finished() {
+                        break;
+                    }
+                }
+                ids.truncate(1 + accepted);
+                let spent = out.generated.len() + accepted >= params.max_tokens;
+                if !(c.is_finished() || spent) {
+                    next = pick.step(dec, &ids, &history, Some(c))?;
+                    next_entry = entry(dec, accepted, next);
+                    decided = true;
+                } else if params.logprobs.is_some() {
+                    // Nothing comes after the forced tokens, but their log probabilities need their rows.
+                    dec.feed_rows(&ids, false, &mut pick.argmax)?;
+                }
+            } else {
+                dec.feed_rows(&ids, pick.greedy, &mut pick.argmax)?;
+                pick.rows_ready = false;
+                for row in 0..=forced {
+                    let choice = pick.at_row(dec, row, &history, c)?;
+                    if row < forced && choice == ids[row + 1] {
+                        c.commit(choice)?;
+                        history.push(choice);
+                        accepted += 1;
+                        if c.is_finished() {
+                            break;
+                        }
+                    } else {
+                        next = choice;
+                        next_entry = entry(dec, row, choice);
+                        decided = true;
+                        break;
+                    }
+                }
+                dec.truncate(base + 1 + accepted);
+            }
+            finished = c.is_finished();
+            let mut stopped = false;
+            for row in 0..accepted {
+                let f = ids[row + 1];
+                if !out.push_traced(f, TokenSource::Forced, layers, entry(dec, row, f), &mut on_text) {
+                    stopped = true;
+                    break;
+                }
+            }
+            if stopped {
                 break;
             }
-            if dec.tokens().len() >= capacity {
-                out.finish = FinishReason::ContextFull;
+            if finished {
+                out.finish = FinishReason::Stop;
                 break;
             }
-            next = step(dec, &[next], &history, constraint.as_mut())?;
+            if !decided || out.generated.len() >= params.max_tokens {
+                break;
+            }
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))
+    }
+}
+
+/// How dense decoding picks a token from a forward: greedy settings without a penalty need only the argmax (the
+/// head screen), everything else the logits; under a grammar the token is the best allowed one (the screen's
+/// when allowed, else from the logits) or a sample among the allowed ones.
+struct Picker {
+    greedy: bool,
+    sampler: Sampler,
+    scratch: Vec<f32>,
+    /// Every row's argmax after [`DenseDecoder::feed_rows`] (greedy).
+    argmax: Vec<u32>,
+    /// Every row's full logits after it, computed in one product the first time a row needs them.
+    rows: Vec<f32>,
+    rows_ready: bool,
+}
+
+impl Picker {
+    /// Feeds `ids` and picks the token after the last.
+    fn step(
+        &mut self,
+        dec: &mut DenseDecoder,
+        ids: &[u32],
+        history: &[u32],
+        constraint: Option<&mut Constraint>,
+    ) -> Result<u32, EngineError> {
+        Ok(match (self.greedy, constraint) {
+            (true, None) => dec.feed_greedy(ids)?,
+            (false, None) => self.sampler.sample(dec.feed(ids)?, history),
+            (true, Some(c)) => {
+                let argmax = dec.feed_greedy(ids)?;
+                let full = |out: &mut Vec<f32>| {
+                    out.clear();
+                    out.extend_from_slice(dec.last_logits());
+                };
+                decode::constraint::constrained_argmax(argmax, c, full, &mut self.scratch)?
+            }
+            (false, Some(c)) => {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(dec.feed(ids)?);
+                c.mask(&mut self.scratch)?;
+                self.sampler.sample(&self.scratch, history)
+            }
+        })
+    }
+
+    /// Picks the token after row `row` of the last [`DenseDecoder::feed_rows`] (`history`: the tokens up to it).
+    fn at_row(
+        &mut self,
+        dec: &mut DenseDecoder,
+        row: usize,
+        history: &[u32],
+        c: &mut Constraint,
+    ) -> Result<u32, EngineError> {
+        if self.greedy {
+            let (rows, ready) = (&mut self.rows, &mut self.rows_ready);
+            let full = |out: &mut Vec<f32>| {
+                if !*ready {
+                    dec.all_row_logits(rows);
+                    *ready = true;
+                }
+                let v = dec.model().config.vocab_size;
+                out.clear();
+                out.extend_from_slice(&rows[row * v..(row + 1) * v]);
+            };
+            return Ok(decode::constraint::constrained_argmax(self.argmax[row], c, full, &mut self.scratch)?);
+        }
+        if !self.rows_ready {
+            dec.all_row_logits(&mut self.rows);
+            self.rows_ready = true;
+        }
+        let v = dec.model().config.vocab_size;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&self.rows[row * v..(row + 1) * v]);
+        c.mask(&mut self.scratch)?;
+        Ok(self.sampler.sample(&self.scratch, history))
     }
 }
 
@@ -378,6 +561,7 @@ impl<'e> Emitter<'e> {
             return false;
         }
         self.generated.push(token);
+        self.timings.forced_tokens += usize::from(source == TokenSource::Forced);
         let piece = self.stream.push(&self.engine.tokenizer, token);
         if let (Some(all), Some(entry)) = (self.logprobs.as_mut(), logprobs.as_ref()) {
             all.push(entry.clone());

@@ -59,6 +59,8 @@ pub struct GenerationRequest {
     pub tools: Option<crate::tools::Tools>,
     /// A grammar the output must follow (`response_format`, `specee.grammar`).
     pub grammar: Option<GrammarSpec>,
+    /// Jump-forward under the grammar in dense decoding (`specee.jump_forward`; see [`engine::JumpForward`]).
+    pub jump_forward: engine::JumpForward,
 }
 
 /// Server-wide settings requests fall back on.
@@ -360,7 +362,14 @@ impl Common {
         let mut mode = defaults.mode;
         let mut stop_at_eog = true;
         let mut grammar = None;
+        let mut jump_forward = engine::JumpForward::default();
         if let Some(x) = self.specee {
+            if let Some(name) = x.jump_forward {
+                jump_forward = engine::JumpForward::parse(&name).ok_or_else(|| {
+                    let why = format!("'specee.jump_forward' must be checked, unchecked or off, got '{name}'");
+                    ApiError::invalid_param("specee.jump_forward", why)
+                })?;
+            }
             if let Some(name) = x.mode {
                 mode = Some(Mode::parse(&name).ok_or_else(|| {
                     ApiError::invalid_param(
@@ -447,6 +456,7 @@ impl Common {
         let traced = include_specee || (stream && self.logprobs.is_some());
         Ok(GenerationRequest {
             grammar,
+            jump_forward,
             include_specee,
             logprobs: self.logprobs,
             tools: None,
@@ -769,6 +779,10 @@ mod tests {
         assert_eq!(grammar(r#""specee": {"grammar": "start: \"a\""}"#), Some(GrammarSpec::Lark("start: \"a\"".into())));
         let completion = completion(r#"{"prompt": "x", "response_format": {"type": "json_object"}}"#).unwrap();
         assert_eq!(completion.grammar, Some(GrammarSpec::json_object()));
+        let jump = |extra: &str| chat(&format!("{{{msgs}, {extra}}}")).unwrap().jump_forward;
+        assert_eq!(jump(r#""specee": {"mode": "dense"}"#), engine::JumpForward::Checked);
+        assert_eq!(jump(r#""specee": {"jump_forward": "unchecked"}"#), engine::JumpForward::Unchecked);
+        assert_eq!(jump(r#""specee": {"jump_forward": "off"}"#), engine::JumpForward::Off);
     }
 
     #[test]
@@ -811,6 +825,8 @@ mod tests {
             (r#""specee": {"mode": "warp"}"#, "specee.mode"),
             (r#""specee": {"mode": "specee"}"#, "specee.mode"),
             (r#""specee": {"speed": 11}"#, "specee.speed"),
+            (r#""specee": {"jump_forward": "sometimes"}"#, "specee.jump_forward"),
+            (r#""specee": {"jump_forward": true}"#, "specee.jump_forward"),
             (r#""stream_options": {"include_usage": true}"#, "stream_options"),
         ] {
             let e = chat(&format!("{{{msgs}, {extra}}}")).unwrap_err();

@@ -451,6 +451,7 @@ impl Shared {
             trace: request.trace.clone(),
             grammar,
             logprobs: request.logprobs,
+            jump_forward: request.jump_forward,
         };
         Ok((prompt_ids, params))
     }

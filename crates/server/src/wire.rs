@@ -126,6 +126,9 @@ pub struct SpeceeOptions {
     pub ignore_eos: Option<bool>,
     /// A grammar the output must follow, in llguidance's Lark dialect (instead of `response_format`).
     pub grammar: Option<String>,
+    /// Under a grammar in dense decoding, what to do with the tokens it forces: `checked` (default), `unchecked`
+    /// or `off` ([`engine::JumpForward`]).
+    pub jump_forward: Option<String>,
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -263,7 +266,8 @@ pub struct TokenInfo {
     /// The text this token completed (empty inside a multi-byte character).
     pub text: String,
     /// `plain` (one forward for this token), `draft` (a draft-head token the model accepted), `lookup` (a
-    /// prompt-lookup token accepted), `bonus` (the model's own token after accepted drafts).
+    /// prompt-lookup token accepted), `bonus` (the model's own token after accepted drafts), `forced` (committed
+    /// by the grammar without a model step: `specee.jump_forward`).
     pub source: &'static str,
     /// Layers run by the forward that decided it.
     pub layers: u16,

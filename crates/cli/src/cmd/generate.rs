@@ -46,6 +46,12 @@ pub struct Args {
     /// GBNF-like; `%json {…}` embeds a JSON schema).
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<std::path::PathBuf>,
+    /// With a grammar in dense decoding, what to do with the tokens the grammar forces (keys, separators):
+    /// `checked` feeds them as extra rows of one forward and keeps each only where the model would have chosen it
+    /// (the same output as `off`, in fewer forwards); `unchecked` commits them as they are (a little faster; the
+    /// output can differ); `off` runs one forward per token. Eagle drafts the forced tokens instead.
+    #[arg(long, value_name = "HOW", default_value = "checked", value_parser = jump_forward)]
+    pub jump_forward: engine::JumpForward,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -79,6 +85,10 @@ fn logprobs_json(eng: &engine::Engine, entries: &[engine::TokenLogprobs]) -> ser
         .collect()
 }
 
+fn jump_forward(name: &str) -> Result<engine::JumpForward, String> {
+    engine::JumpForward::parse(name).ok_or_else(|| format!("'{name}': give checked, unchecked or off"))
+}
+
 /// The grammar `--json-schema` or `--grammar` names, read and parsed (a clear error for a missing file or bad JSON).
 fn grammar_spec(
     schema: Option<&std::path::Path>,
@@ -103,6 +113,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         stop_at_eog: !a.ignore_eos,
         grammar: grammar_spec(a.json_schema.as_deref(), a.grammar.as_deref())?,
         logprobs: a.logprobs.map(usize::from),
+        jump_forward: a.jump_forward,
         ..Default::default()
     };
     let auto = || engine::speculative::auto_mode(&model_path, a.mode.draft.as_deref(), &params.sampling);
@@ -173,6 +184,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     "prompt_tokens": t.prompt_tokens,
                     "prompt_seconds": t.prompt_seconds,
                     "decode_tokens": t.decode_tokens,
+                    "forced_tokens": t.forced_tokens,
                 },
                 "speculative": match stats.speculative() {
                     Some(s) => serde_json::json!({
