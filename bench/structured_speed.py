@@ -8,10 +8,18 @@ crates/cli/tests/server/structured_output.py), runs `specee generate --json` sid
              identical answers is printed)
   eagle      --json-schema, --mode eagle (its ids must equal off's)
 
+With --exit-modes also the early-exit modes (lossy; SmolLM2 and Gemma ship predictors):
+
+  specee, specee-eagle            --json-schema, --mode specee / specee-eagle (answers must parse)
+  specee-free, specee-eagle-free  the same mode unconstrained, as many tokens (--ignore-eos)
+
+with, per early-exit mode, the answers identical to constrained dense's, the exit rate and layers per forward.
+
 and prints per mode the decode speed over all pairs (total tokens / total decode seconds; median and range over
 --repeat alternating rounds), τ for eagle, and the ratios constrained/free.
 
-    python3 bench/structured_speed.py -m smollm2 [-m qwen-coder] [--cases 12] [--repeat 3] [--bin target/release/specee]
+    python3 bench/structured_speed.py -m smollm2 [-m qwen-coder] [--cases 12] [--repeat 3] [--exit-modes]
+                                      [--bin target/release/specee]
 """
 
 import argparse
@@ -40,11 +48,16 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--bin", default="target/release/specee")
+    ap.add_argument("--exit-modes", action="store_true", help="also specee and specee-eagle, under the schema and free")
     a = ap.parse_args()
+    exit_modes = ["specee", "specee-eagle"] if a.exit_modes else []
     print("| model | mode | tok/s median (min–max) | ×free | τ | tokens |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for model in a.model or ["smollm2"]:
         rates = {"free": [], "off": [], "checked": [], "unchecked": [], "eagle": []}
+        for m in exit_modes:
+            rates[m], rates[m + "-free"] = [], []
+        exits = {m: {"same": 0, "exit_rate": [], "layers": []} for m in exit_modes}
         taus, tokens = [], 0
         same = forced = jump_tokens = 0
         with tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +84,18 @@ def main():
                     n = len(d["generated_ids"])
                     tokens += n
                     free = run(a.bin, model, prompt, ["--mode", "dense", "-n", str(n), "--ignore-eos"], a.threads)
-                    for k, g in [("free", free), ("off", d), ("checked", c), ("unchecked", j), ("eagle", e)]:
+                    runs = [("free", free), ("off", d), ("checked", c), ("unchecked", j), ("eagle", e)]
+                    for m in exit_modes:
+                        g = run(a.bin, model, prompt, s + ["--mode", m], a.threads)
+                        json.loads(g["text"])
+                        k = len(g["generated_ids"])
+                        f = run(a.bin, model, prompt, ["--mode", m, "-n", str(k), "--ignore-eos"], a.threads)
+                        runs += [(m, g), (m + "-free", f)]
+                        if r == 0:
+                            exits[m]["same"] += g["generated_ids"] == d["generated_ids"]
+                            exits[m]["exit_rate"].append(g["early_exit"]["exit_rate"])
+                            exits[m]["layers"].append(g["early_exit"]["avg_layers"])
+                    for k, g in runs:
                         t = g["timings"]
                         totals[k][0] += t["decode_tokens"]
                         totals[k][1] += t["decode_tokens"] / t["decode_tokens_per_s"] if t["decode_tokens_per_s"] else 0
@@ -86,6 +110,12 @@ def main():
             tau = f"{statistics.median(taus):.2f}" if k == "eagle" else ""
             print(f"| {model} | {k} | {med:.1f} ({min(rates[k]):.1f}–{max(rates[k]):.1f}) | {med / free:.2f} | {tau} | {tokens} |", flush=True)
         n = len(cases(a.cases))
+        for m in exit_modes:
+            x = exits[m]
+            ratio = statistics.median(rates[m]) / statistics.median(rates[m + "-free"])
+            print(f"{m} on {model}: constrained / unconstrained {ratio:.2f}; {x['same']} of {n} answers identical "
+                  f"to constrained dense; exit rate {statistics.mean(x['exit_rate']):.2f}, layers per forward "
+                  f"{statistics.mean(x['layers']):.1f} (means over answers)", flush=True)
         print(f"checked jump-forward on {model}: {forced} of {jump_tokens} tokens fed as forced rows "
               f"({forced / max(jump_tokens, 1):.0%}); unchecked made {same} of {n} answers as dense", flush=True)
 

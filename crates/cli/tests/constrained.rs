@@ -1,6 +1,6 @@
 //! Grammar-constrained generation on the real default models (`generate --json-schema / --grammar`): outputs
-//! parse and follow their schema, eagle's constrained output is identical to dense's, generation ends where the
-//! grammar does, and bad schemas, grammars and modes are clear one-line errors, never hangs.
+//! parse and follow their schema, eagle's constrained output is identical to dense's, the early-exit modes follow
+//! it too, generation ends where the grammar does, and bad schemas, grammars and modes are clear one-line errors, never hangs.
 
 mod common;
 
@@ -19,7 +19,15 @@ fn write(name: &str, text: &str) -> PathBuf {
 
 /// `generate --json` with `extra` flags (`-n 160` unless they give one); the parsed output object.
 fn generate(model: &str, prompt: &str, extra: &[&str]) -> Value {
-    let mut args = vec!["generate", "-m", model, "-p", prompt, "--chat", "-t", "2", "--json"];
+    generate_as(model, prompt, true, extra)
+}
+
+/// [`generate`], the prompt rendered with the model's chat template when `chat` (Gemma 270M has none).
+fn generate_as(model: &str, prompt: &str, chat: bool, extra: &[&str]) -> Value {
+    let mut args = vec!["generate", "-m", model, "-p", prompt, "-t", "2", "--json"];
+    if chat {
+        args.push("--chat");
+    }
     if !extra.contains(&"-n") {
         args.extend_from_slice(&["-n", "160"]);
     }
@@ -117,6 +125,40 @@ fn json_schema_outputs_parse_validate_and_eagle_equals_dense() {
             assert!(eagle["speculative"]["acceptance_length"].as_f64().unwrap() > 1.0, "{model} {name}");
         }
     }
+}
+
+/// The early-exit modes under a schema: outputs parse and validate and end with the grammar; with an exit
+/// threshold no predictor reaches they are constrained dense decoding, token for token (so a grammar's veto is
+/// the only thing between a forbidden exit and the output). SmolLM2 and Gemma: the models with shipped predictors.
+#[test]
+fn early_exit_modes_follow_a_schema_and_never_exiting_is_constrained_dense() {
+    let mut exits = 0.0;
+    for (model, chat) in [(smollm2(), true), (gemma3(), false)] {
+        let model = model.to_str().unwrap();
+        let generate = |prompt: &str, extra: &[&str]| generate_as(model, prompt, chat, extra);
+        for (name, mut schema, prompt) in cases() {
+            // Unbounded digits: Gemma 270M without a chat template writes `1.000…` until the token limit.
+            if let Some(c) = schema["properties"].get_mut("confidence") {
+                *c = json!({"type": "integer", "minimum": 0, "maximum": 100});
+            }
+            let file = write(&format!("exit-{name}.json"), &schema.to_string());
+            let file = file.to_str().unwrap();
+            let dense = generate(prompt, &["--json-schema", file, "--mode", "dense"]);
+            for mode in ["specee", "specee-eagle"] {
+                let g = generate(prompt, &["--json-schema", file, "--mode", mode]);
+                let text = g["text"].as_str().unwrap();
+                let v: Value =
+                    serde_json::from_str(text).unwrap_or_else(|e| panic!("{model} {mode} {name}: {text:?}: {e}"));
+                check(&schema, &v, name);
+                assert_eq!(g["finish_reason"], "stop", "{model} {mode} {name}");
+                exits += g["early_exit"]["exit_rate"].as_f64().unwrap();
+                let never = generate(prompt, &["--json-schema", file, "--mode", mode, "--exit-threshold", "2"]);
+                assert_eq!(never["generated_ids"], dense["generated_ids"], "{model} {mode} {name}: never exiting");
+                assert_eq!(never["early_exit"]["exit_rate"].as_f64(), Some(0.0));
+            }
+        }
+    }
+    assert!(exits > 0.0, "some tokens should exit under the schemas");
 }
 
 #[test]
@@ -224,6 +266,9 @@ fn bad_schemas_grammars_and_modes_are_one_line_errors() {
     let bad_lark = write("bad.lark", "start: undefined_rule\n");
     let empty = write("empty.lark", "start: \"a\" & \n");
     let schema = write("ok.json", r#"{"type": "object"}"#);
+    // Unsatisfiable schemas: no JSON value could follow them.
+    let empty_range = write("empty-range.json", r#"{"type": "integer", "minimum": 5, "maximum": 3}"#);
+    let no_type = write("no-type.json", r#"{"allOf": [{"type": "string"}, {"type": "integer"}]}"#);
     // A 20,000-value enum, 50 levels of objects (100 of JSON, within serde_json's recursion limit of 128; deeper files are
     // refused as not JSON): compiled (or refused) quickly, never a hang.
     let values: Vec<String> = (0..20_000).map(|i| format!("value-{i}")).collect();
@@ -233,13 +278,15 @@ fn bad_schemas_grammars_and_modes_are_one_line_errors() {
         deep = json!({"type": "object", "properties": {"a": deep}, "required": ["a"], "additionalProperties": false});
     }
     let deep = write("deep.json", &deep.to_string());
-    let cases: [(Vec<&str>, &str); 7] = [
+    let cases: [(Vec<&str>, &str); 9] = [
+        (vec!["--json-schema", empty_range.to_str().unwrap()], "Unsatisfiable schema"),
+        (vec!["--json-schema", no_type.to_str().unwrap()], "Unsatisfiable schema"),
         (vec!["--json-schema", not_json.to_str().unwrap()], "not JSON"),
         (vec!["--json-schema", bad_type.to_str().unwrap()], "grammar:"),
         (vec!["--grammar", bad_lark.to_str().unwrap()], "grammar:"),
         (vec!["--grammar", empty.to_str().unwrap()], "grammar:"),
         (vec!["--json-schema", "/no/such/schema.json"], "/no/such/schema.json"),
-        (vec!["--json-schema", schema.to_str().unwrap(), "--mode", "specee"], "cannot follow a grammar"),
+        (vec!["--json-schema", schema.to_str().unwrap(), "--mode", "specee-eagle", "--temp", "0.7"], "greedily only"),
         (vec!["--json-schema", schema.to_str().unwrap(), "--mode", "eagle", "--temp", "0.7"], "greedy"),
     ];
     for (extra, want) in cases {

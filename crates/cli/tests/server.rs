@@ -281,6 +281,12 @@ fn json_schema_responses_validate_and_eagle_equals_dense_through_the_openai_clie
     let env = [("SPECEE_CASES", "8"), ("SPECEE_COMPARE_DENSE", "1")];
     let log = run_client_script(&server, "structured_output.py", &env, "all structured-output checks passed");
     assert!(log.contains("structured: 8/8 valid, 8/8 eagle == dense"), "{log}");
+    // The early-exit modes follow the schema too (lossy: validity only).
+    for mode in ["specee", "specee-eagle"] {
+        let env = [("SPECEE_CASES", "4"), ("SPECEE_COMPARE_DENSE", "0"), ("SPECEE_MODE", mode)];
+        let log = run_client_script(&server, "structured_output.py", &env, "all structured-output checks passed");
+        assert!(log.contains("structured: 4/4 valid, 0/0 eagle == dense"), "{mode}: {log}");
+    }
     // The batching server masks its rows too (4 clients at once).
     let server = Server::start(&["--parallel", "4"]);
     let env = [("SPECEE_CASES", "8"), ("SPECEE_CLIENTS", "4"), ("SPECEE_COMPARE_DENSE", "0")];

@@ -132,7 +132,7 @@ pub(crate) mod tests {
 
     /// A grammar over the tiny models' 64-token vocabulary: at step k only tokens ≡ k (mod 3), every fifth step
     /// free, `len` tokens in all.
-    fn modular(len: usize) -> Script {
+    pub(crate) fn modular(len: usize) -> Script {
         let allowed = (0..len).map(|k| (k % 5 != 4).then(|| (0..64u32).filter(|t| t % 3 == k as u32 % 3).collect()));
         Script { allowed: allowed.collect(), committed: vec![] }
     }
@@ -142,7 +142,7 @@ pub(crate) mod tests {
     }
 
     /// Constrained dense greedy decoding after the tests' prompt until the grammar ends.
-    fn dense_constrained(model: &model::Model, mut c: Script) -> Vec<u32> {
+    pub(crate) fn dense_constrained(model: &model::Model, mut c: Script) -> Vec<u32> {
         let mut dense = crate::DenseDecoder::new(model, 128, 2);
         let mut scratch = Vec::new();
         let mut out = Vec::new();

@@ -12,7 +12,7 @@ use crate::speculative::{shipped_path, tree_capacity};
 use decode::sampling::argmax;
 use decode::specee::{ExitPredictors, MergedDecoder, MergedStats, SpecEeConfig, SpecEeDecoder, SpecEeStats};
 use decode::speculative::{DraftHead, EagleProposer, TreeConfig};
-use decode::DenseDecoder;
+use decode::{DenseDecoder, TokenConstraint};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -79,12 +79,8 @@ impl SpecEeSetup {
 
 use crate::speculative::speculative_error as specee_error;
 
-/// Early exit has no full distribution to sample from: refuse sampling for `mode`.
+/// Early exit has no full distribution to sample from: refuse sampling (and log probabilities) for `mode`.
 pub(crate) fn greedy_only(params: &GenerateParams, mode: &str) -> Result<(), EngineError> {
-    if params.grammar.is_some() {
-        let why = format!("--mode {mode} cannot follow a grammar or JSON schema yet (use --mode dense or eagle)");
-        return Err(EngineError::Unsupported(why));
-    }
     if params.logprobs.is_some() {
         // Its tokens come from truncated forwards: the full model's distribution is not at hand.
         let why = format!("--mode {mode} cannot report log probabilities (use --mode dense or eagle)");
@@ -127,15 +123,26 @@ impl Engine {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation, EngineError> {
         let capacity = dec.capacity();
+        let mut constraint = params.grammar.as_ref().map(|g| self.constraint(g)).transpose()?;
         let mut out = Emitter::new(self, params, prompt_ids.len());
         let t0 = Instant::now();
         let mut next = dec.feed(prompt_ids).map_err(specee_error)?;
+        if let Some(c) = constraint.as_mut() {
+            next = dec.constrain_fed(next, c).map_err(specee_error)?;
+        }
         let mut layers = self.model.config.n_layers;
         out.timings.prompt_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         while out.generated.len() < params.max_tokens {
             if !out.push_traced(next, TokenSource::Plain, layers, None, &mut on_text) {
                 break;
+            }
+            if let Some(c) = constraint.as_mut() {
+                c.commit(next)?;
+                if c.is_finished() {
+                    out.finish = crate::FinishReason::Stop;
+                    break;
+                }
             }
             if out.generated.len() == params.max_tokens {
                 break;
@@ -144,7 +151,11 @@ impl Engine {
                 out.finish = crate::FinishReason::ContextFull;
                 break;
             }
-            let step = dec.step(next, false).map_err(specee_error)?;
+            let step = match constraint.as_mut() {
+                Some(c) => dec.step_constrained(next, c),
+                None => dec.step(next, false),
+            }
+            .map_err(specee_error)?;
             (next, layers) = (step.token, step.layers);
         }
         Ok(out.finish(prompt_ids, t1, &mut on_text))

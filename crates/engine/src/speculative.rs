@@ -414,6 +414,13 @@ impl TreeSteps for decode::specee::MergedDecoder<'_> {
     fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], decode::speculative::SpeculativeError> {
         decode::specee::MergedDecoder::step_at_most(self, max_tokens)
     }
+    fn step_constrained(
+        &mut self,
+        max_tokens: usize,
+        constraint: &mut dyn decode::TokenConstraint,
+    ) -> Result<&[u32], decode::speculative::SpeculativeError> {
+        decode::specee::MergedDecoder::step_constrained(self, max_tokens, constraint)
+    }
     fn accepted_sources(&self, out: &mut Vec<DraftSource>) {
         out.clear();
         out.extend(decode::specee::MergedDecoder::accepted_sources(self));

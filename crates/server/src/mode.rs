@@ -39,12 +39,12 @@ impl Mode {
     }
 
     /// Whether the mode can follow a grammar with these settings: dense always, eagle when greedy (its output
-    /// then equals constrained dense's), the early-exit modes not yet.
+    /// then equals constrained dense's), the early-exit modes (greedy only anyway: an exit the grammar forbids
+    /// is refused).
     pub fn follows_grammar(self, sampling: &decode::SamplingParams) -> bool {
         match self {
             Mode::Dense => true,
-            Mode::Eagle => sampling.is_greedy(),
-            Mode::Specee | Mode::SpeceeEagle => false,
+            Mode::Eagle | Mode::Specee | Mode::SpeceeEagle => sampling.is_greedy(),
         }
     }
 

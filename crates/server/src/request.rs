@@ -158,8 +158,8 @@ pub fn chat_request(
             return Err(ApiError::invalid_param(
                 "tool_choice",
                 format!(
-                    "decoding mode '{}' cannot force a tool call (a grammar): use mode 'dense' (or 'eagle' with \
-                     temperature 0), or tool_choice 'auto'",
+                    "decoding mode '{}' cannot force a tool call (a grammar) when sampling: send temperature 0, \
+                     use mode 'dense', or tool_choice 'auto'",
                     request.mode.name()
                 ),
             ));
@@ -437,9 +437,8 @@ impl Common {
             return Err(ApiError::invalid_param(
                 "response_format",
                 format!(
-                    "decoding mode '{}' cannot follow a response format or grammar{}: use mode 'dense' (or 'eagle' with temperature 0)",
-                    mode.name(),
-                    if mode == Mode::Eagle { " when sampling" } else { "" }
+                    "decoding mode '{}' cannot follow a response format or grammar when sampling: send temperature 0 or use mode 'dense'",
+                    mode.name()
                 ),
             ));
         }

@@ -9,12 +9,15 @@ each, validates every answer with the `jsonschema` package, and checks:
   - an unusable schema is a 400 (`openai.BadRequestError`) naming `response_format`.
 
 Environment: SPECEE_BASE_URL (…/v1), SPECEE_CASES (how many schema/prompt pairs, default 60), SPECEE_CLIENTS
-(concurrent clients, default 1), SPECEE_COMPARE_DENSE (1: also ask dense and compare, default 1).
+(concurrent clients, default 1), SPECEE_COMPARE_DENSE (1: also ask dense and compare, default 1), SPECEE_MODE
+(`specee.mode` of the schema requests, e.g. the lossy `specee` or `specee-eagle`: then compare with 0; default:
+the server's).
 Also a benchmark: `python3 crates/cli/tests/server/structured_output.py` against any server prints a summary line
 `structured: N/N valid, M/M eagle == dense, mean T tokens, W s`. Exits non-zero, naming the check, on failure.
 """
 
 import concurrent.futures
+import decimal
 import json
 import os
 import random
@@ -80,6 +83,23 @@ def cases(n, seed=37):
     return out
 
 
+def _multiple_of(validator, divisor, instance, schema):
+    # jsonschema divides floats: 37.77 / 0.01 = 3777.0000000000005 fails `multipleOf: 0.01`. Decimals of the
+    # numbers as written are exact.
+    if not validator.is_type(instance, "number"):
+        return
+    if decimal.Decimal(repr(instance)) % decimal.Decimal(repr(divisor)) != 0:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor}")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"multipleOf": _multiple_of})
+
+
+def validate(value, schema):
+    """`jsonschema.validate` with an exact `multipleOf` for decimal numbers (raises ValidationError)."""
+    _Validator(schema).validate(value)
+
+
 def ask(client, model, schema, prompt, mode=None, stream=False):
     extra = {"specee": {"mode": mode}} if mode else None
     args = dict(
@@ -101,12 +121,12 @@ def ask(client, model, schema, prompt, mode=None, stream=False):
     return text, finish, None
 
 
-def run_case(client, model, case, compare):
+def run_case(client, model, case, compare, mode):
     name, schema, prompt = case
-    text, finish, tokens = ask(client, model, schema, prompt)
+    text, finish, tokens = ask(client, model, schema, prompt, mode=mode)
     try:
         value = json.loads(text)
-        jsonschema.validate(value, schema)
+        validate(value, schema)
         valid = True
     except (json.JSONDecodeError, jsonschema.ValidationError) as e:
         valid = f"{type(e).__name__}: {str(e).splitlines()[0]}"
@@ -123,10 +143,11 @@ def main():
     n = int(os.environ.get("SPECEE_CASES", "60"))
     clients = int(os.environ.get("SPECEE_CLIENTS", "1"))
     compare = os.environ.get("SPECEE_COMPARE_DENSE", "1") == "1"
+    mode = os.environ.get("SPECEE_MODE") or None
 
     start = time.time()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda c: run_case(client, model, c, compare), cases(n)))
+        results = list(pool.map(lambda c: run_case(client, model, c, compare, mode), cases(n)))
     wall = time.time() - start
     for name, text, finish, tokens, valid, same in results:
         check(f"{name}: parses and validates", valid is True, f"{valid}: {text!r}")
@@ -138,9 +159,12 @@ def main():
     mean_tokens = sum(r[3] or 0 for r in results) / max(1, len(results))
     print(
         f"structured: {n_valid}/{n} valid, {n_same}/{n if compare else 0} eagle == dense, "
-        f"mean {mean_tokens:.1f} tokens, {wall:.1f} s",
+        f"mean {mean_tokens:.1f} tokens, {wall:.1f} s" + (f" (mode {mode})" if mode else ""),
         flush=True,
     )
+    if mode:
+        conclude("structured-output")
+        return
 
     # json_object: any JSON object.
     r = client.chat.completions.create(

@@ -14,10 +14,13 @@
 //! 3. the skipped layers' KV follow the [`KvPolicy`]; the exit layer's normed hidden state becomes the feature
 //!    the draft head reads next.
 //!
-//! Greedy only (an early exit has no full distribution to sample from under `Verify::Candidates`).
+//! Greedy only (an early exit has no full distribution to sample from under `Verify::Candidates`). Under a grammar
+//! ([`SpecEeDecoder::step_constrained`]) an exit whose token the grammar forbids is refused and the step goes on;
+//! a token that reaches the last layer is the best allowed one.
 
 use super::predictor::{features, layer_update, ExitPredictors, CANDIDATES, DRAFT_FEATURES, UPDATE_FEATURES};
 use super::schedule::Scheduler;
+use crate::constraint::{constrained_argmax, TokenConstraint};
 use crate::sampling::argmax;
 use crate::speculative::eagle::{top_k_indices, DraftScratch};
 use crate::speculative::verify::Verifier;
@@ -108,6 +111,8 @@ pub struct SpecEeStats {
     pub verify_failures: usize,
     /// Full-vocabulary head products (final layer, verifications, requested logits).
     pub full_heads: usize,
+    /// Exits refused because the grammar forbids their token (the step went on).
+    pub grammar_vetoes: usize,
     /// Time in the draft head.
     pub draft_time: Duration,
 }
@@ -121,6 +126,7 @@ impl SpecEeStats {
         self.predictor_calls += o.predictor_calls;
         self.verify_failures += o.verify_failures;
         self.full_heads += o.full_heads;
+        self.grammar_vetoes += o.grammar_vetoes;
         self.draft_time += o.draft_time;
     }
 
@@ -161,8 +167,9 @@ pub struct Step {
 
 /// How a step runs its layers.
 enum Run<'a> {
-    /// Predictors decide (inference).
-    Exit { want_logits: bool },
+    /// Predictors decide (inference); under a grammar an exit whose token it forbids is refused (the step goes
+    /// on, as after a failed verification) and the last layer's token is the best allowed one.
+    Exit { want_logits: bool, constraint: Option<&'a mut dyn TokenConstraint> },
     /// Every layer runs; the candidates' logits after each layer are appended to the first trace (`4` floats
     /// per layer) and the layer's [`layer_update`] to the second (`2` per layer) — training data for the
     /// predictors, exactly the inference features' inputs.
@@ -342,7 +349,42 @@ impl<'m> SpecEeDecoder<'m> {
     /// `want_logits`, the exit layer's full-vocabulary logits are left in [`SpecEeDecoder::logits`] (used by
     /// quality evaluation; costs a full head when the exit did not compute one).
     pub fn step(&mut self, token: u32, want_logits: bool) -> Result<Step, SpeculativeError> {
-        self.run(token, Run::Exit { want_logits })
+        self.run(token, Run::Exit { want_logits, constraint: None })
+    }
+
+    /// [`SpecEeDecoder::step`] under a grammar: the next token is one `constraint` allows (it is not committed
+    /// to `constraint`: the caller does that). An exit whose token the grammar forbids does not happen (counted
+    /// in [`SpecEeStats::grammar_vetoes`]); a token that runs every layer is the best allowed one of the full
+    /// logits ([`constrained_argmax`]), so a step that never exits is constrained dense greedy decoding.
+    pub fn step_constrained(
+        &mut self,
+        token: u32,
+        constraint: &mut dyn TokenConstraint,
+    ) -> Result<Step, SpeculativeError> {
+        self.run(token, Run::Exit { want_logits: false, constraint: Some(constraint) })
+    }
+
+    /// The best token `constraint` allows after the last [`SpecEeDecoder::feed`] (its greedy token `next`
+    /// when allowed, else the argmax of the last row's full logits, masked).
+    pub fn constrain_fed(&mut self, next: u32, constraint: &mut dyn TokenConstraint) -> Result<u32, SpeculativeError> {
+        self.constrained_head_token(next, constraint)
+    }
+
+    /// `greedy` (the full head's top-1 of the current normed row) when `constraint` allows it, else the best
+    /// allowed token of that row's full logits.
+    fn constrained_head_token(
+        &mut self,
+        greedy: u32,
+        constraint: &mut dyn TokenConstraint,
+    ) -> Result<u32, SpeculativeError> {
+        let (model, v) = (self.model, self.model.config.vocab_size);
+        let (normed, ws, stats) = (&self.normed, &mut self.ws, &mut self.stats);
+        let full = |out: &mut Vec<f32>| {
+            out.resize(v, 0.0);
+            model.head_full(normed, 1, out, ws);
+            stats.full_heads += 1;
+        };
+        constrained_argmax(greedy, constraint, full, &mut self.logits).map_err(SpeculativeError::from)
     }
 
     /// Runs `token` through every layer (dense greedy), appending the candidates' logits after every layer to
@@ -458,7 +500,7 @@ impl<'m> SpecEeDecoder<'m> {
         let width = self.source.width(d);
         self.feature_next.resize(width, 0.0);
         let mut reached = n_layers;
-        let keep_logits = !matches!(mode, Run::Exit { want_logits: false });
+        let keep_logits = !matches!(mode, Run::Exit { want_logits: false, .. });
         for il in 0..n_layers {
             self.source.capture_layer_input(il, &self.hidden, &mut self.feature_next, d);
             for (i, p) in self.pending.iter().enumerate() {
@@ -522,6 +564,12 @@ impl<'m> SpecEeDecoder<'m> {
                             }
                         }
                     }
+                    if let (Some((_, t)), Run::Exit { constraint: Some(c), .. }) = (exit, &mut mode) {
+                        if !c.allows(t)? {
+                            self.stats.grammar_vetoes += 1;
+                            (exit, have_logits) = (None, false);
+                        }
+                    }
                     if exit.is_some() {
                         break;
                     }
@@ -549,7 +597,7 @@ impl<'m> SpecEeDecoder<'m> {
                     }
                     KvPolicy::Deferred => {}
                 }
-                if matches!(mode, Run::Exit { want_logits: true }) {
+                if matches!(mode, Run::Exit { want_logits: true, .. }) {
                     if !have_logits {
                         self.full_head();
                     }
@@ -559,7 +607,11 @@ impl<'m> SpecEeDecoder<'m> {
             }
             None => {
                 model.final_norm(&self.hidden, &mut self.normed);
-                (n_layers, self.head_token(keep_logits))
+                let greedy = self.head_token(keep_logits);
+                match &mut mode {
+                    Run::Exit { constraint: Some(c), .. } => (n_layers, self.constrained_head_token(greedy, &mut **c)?),
+                    _ => (n_layers, greedy),
+                }
             }
         };
         // Rows carried through the last layer are complete.
@@ -578,7 +630,7 @@ impl<'m> SpecEeDecoder<'m> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::specee::predictor::tests::random_predictors;
     use crate::specee::predictor::MAX_FEATURES;
@@ -628,6 +680,45 @@ mod tests {
             for u in updates.chunks_exact(2) {
                 assert!((-1.0..=1.0 + 1e-6).contains(&u[0]) && u[1] > 0.0, "{arch}: update {u:?}");
             }
+        }
+    }
+
+    /// Greedy SpecEE under a grammar until it ends; checks that every token is allowed (`commit` errs otherwise).
+    pub(crate) fn specee_constrained(dec: &mut SpecEeDecoder<'_>, mut c: crate::constraint::tests::Script) -> Vec<u32> {
+        use crate::constraint::TokenConstraint;
+        let first = dec.feed(&PROMPT).unwrap();
+        let mut next = dec.constrain_fed(first, &mut c).unwrap();
+        let mut out = Vec::new();
+        loop {
+            c.commit(next).unwrap();
+            out.push(next);
+            if c.is_finished() {
+                return out;
+            }
+            next = dec.step_constrained(next, &mut c).unwrap().token;
+        }
+    }
+
+    #[test]
+    fn under_a_grammar_forbidden_exits_are_refused_and_never_exiting_is_constrained_dense() {
+        use crate::constraint::tests::{dense_constrained, modular};
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let (head, predictors) = parts(&model);
+        let len = 30;
+        let want = dense_constrained(&model, modular(len));
+        let never = SpecEeConfig { threshold: Some(2.0), ..Default::default() };
+        let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, never);
+        assert_eq!(specee_constrained(&mut dec, modular(len)), want, "never exiting: constrained dense");
+        assert_eq!((dec.stats().exits, dec.stats().grammar_vetoes), (0, 0));
+        for verify in [Verify::Candidates, Verify::Full] {
+            // Threshold −1: every evaluated layer wants to exit; the grammar (a third of the vocabulary at most
+            // steps) refuses many of them, and what is committed is always allowed.
+            let always = SpecEeConfig { threshold: Some(-1.0), verify, ..Default::default() };
+            let mut dec = SpecEeDecoder::new(&model, 128, 2, &head, &predictors, always);
+            let got = specee_constrained(&mut dec, modular(len));
+            assert_eq!(got.len(), len);
+            let st = *dec.stats();
+            assert!(st.exits > 0 && st.grammar_vetoes > 0, "{verify:?}: {st:?}");
         }
     }
 

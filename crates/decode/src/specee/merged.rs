@@ -26,6 +26,7 @@
 use super::decoder::{KvPolicy, Pending, SpecEeConfig, Verify};
 use super::predictor::{features, layer_update, ExitPredictors, CANDIDATES, DRAFT_FEATURES};
 use super::schedule::Scheduler;
+use crate::constraint::{constrained_argmax, TokenConstraint};
 use crate::speculative::tree::ROOT;
 use crate::speculative::{
     DraftContext, DraftHead, DraftTree, EagleProposer, FeatureSource, SpeculativeError, SpeculativeStats, TreeConfig,
@@ -49,6 +50,8 @@ pub struct MergedStats {
     pub verify_failures: usize,
     /// Full-vocabulary head rows computed.
     pub full_head_rows: usize,
+    /// Predictor decisions refused because the grammar forbids their token (the node stayed undecided).
+    pub grammar_vetoes: usize,
 }
 
 impl MergedStats {
@@ -60,6 +63,7 @@ impl MergedStats {
         self.predictor_calls += o.predictor_calls;
         self.verify_failures += o.verify_failures;
         self.full_head_rows += o.full_head_rows;
+        self.grammar_vetoes += o.grammar_vetoes;
     }
 
     /// Mean layers run per target forward (each forward runs the whole tree to that depth).
@@ -141,6 +145,8 @@ pub struct MergedDecoder<'m> {
     logits: Vec<f32>,
     /// Greedy tokens of the rows the full head decides.
     top: Vec<u32>,
+    /// A node's path tokens (grammar checks).
+    path_tokens: Vec<u32>,
     /// The root's normed hidden state where it was decided (its logits for quality evaluation).
     root_normed: Vec<f32>,
     stats: MergedStats,
@@ -194,6 +200,7 @@ impl<'m> MergedDecoder<'m> {
             scores: Vec::new(),
             logits: Vec::new(),
             top: Vec::new(),
+            path_tokens: Vec::new(),
             root_normed: Vec::new(),
             stats: MergedStats::default(),
         }
@@ -308,7 +315,23 @@ impl<'m> MergedDecoder<'m> {
     /// [`MergedDecoder::step`] committing at most `max_tokens` tokens (at least 1).
     pub fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], SpeculativeError> {
         let first_new = self.tokens.len();
-        self.run_step(max_tokens, None)?;
+        self.run_step(max_tokens, None, None)?;
+        Ok(&self.tokens[first_new..])
+    }
+
+    /// [`MergedDecoder::step_at_most`] under a grammar (`constraint` follows every committed token, the root
+    /// already in it): drafts whose path the grammar forbids are dropped before the forward, a predictor's
+    /// decision the grammar forbids is refused (the node stays undecided: [`MergedStats::grammar_vetoes`]), and
+    /// where the last layer's full head decides, a forbidden top-1 is replaced by the best allowed token of that
+    /// row's logits; at the grammar's end the step ends (its last token is the bonus). With predictors that
+    /// never fire this is constrained eagle, i.e. constrained dense greedy decoding.
+    pub fn step_constrained(
+        &mut self,
+        max_tokens: usize,
+        constraint: &mut dyn TokenConstraint,
+    ) -> Result<&[u32], SpeculativeError> {
+        let first_new = self.tokens.len();
+        self.run_step(max_tokens, None, Some(constraint))?;
         Ok(&self.tokens[first_new..])
     }
 
@@ -317,7 +340,7 @@ impl<'m> MergedDecoder<'m> {
     /// the first token a free-running step would have committed. [`MergedDecoder::root_logits`] then gives
     /// the full-vocabulary logits at the layer where that choice was made.
     pub fn step_forced(&mut self, next: u32) -> Result<u32, SpeculativeError> {
-        self.run_step(usize::MAX, Some(next))
+        self.run_step(usize::MAX, Some(next), None)
     }
 
     /// Full-vocabulary logits of the last step's root at the layer its next token was decided (divided by that
@@ -332,7 +355,12 @@ impl<'m> MergedDecoder<'m> {
         &self.logits
     }
 
-    fn run_step(&mut self, max_tokens: usize, forced: Option<u32>) -> Result<u32, SpeculativeError> {
+    fn run_step(
+        &mut self,
+        max_tokens: usize,
+        forced: Option<u32>,
+        mut constraint: Option<&mut dyn TokenConstraint>,
+    ) -> Result<u32, SpeculativeError> {
         let root = *self.tokens.last().ok_or(SpeculativeError::EmptyContext)?;
         let start = self.kv.len(0);
         let room = self.kv.capacity().saturating_sub(start);
@@ -368,13 +396,21 @@ impl<'m> MergedDecoder<'m> {
         );
         self.proposer.tree = saved;
         drafted?;
+        if let Some(c) = constraint.as_deref_mut() {
+            self.retain_allowed(c);
+        }
         let t1 = Instant::now();
         self.stats.speculative.draft_time += t1 - t0;
 
         // 2. The tree forward with early exit (on failure, every layer goes back to where it was).
         self.lens.clear();
         self.lens.extend((0..self.model.config.n_layers).map(|il| self.kv.len(il)));
-        let stop = match self.forward(start) {
+        let forward = self.forward(start, reborrow(&mut constraint));
+        let walked = match (forward, constraint) {
+            (Ok(stop), Some(c)) => self.constrained_walk(c).map(|()| stop),
+            (forward, _) => forward,
+        };
+        let stop = match walked {
             Ok(stop) => stop,
             Err(e) => {
                 for (il, &n) in self.lens.iter().enumerate() {
@@ -403,7 +439,11 @@ impl<'m> MergedDecoder<'m> {
 
     /// Runs the tree (root at position `start`) layer by layer until the accepted path is settled; leaves it
     /// in `path`/`bonus` and returns the last layer run.
-    fn forward(&mut self, start: usize) -> Result<usize, SpeculativeError> {
+    fn forward(
+        &mut self,
+        start: usize,
+        mut constraint: Option<&mut dyn TokenConstraint>,
+    ) -> Result<usize, SpeculativeError> {
         let model = self.model;
         let (d, n_layers) = (model.config.n_embd, model.config.n_layers);
         let t = self.tree.len();
@@ -429,7 +469,7 @@ impl<'m> MergedDecoder<'m> {
             }
             self.layer(il, true)?;
             if mlp.is_some() {
-                self.evaluate(il);
+                self.evaluate(il, reborrow(&mut constraint))?;
             }
             if self.walk() {
                 self.stats.layers += il + 1;
@@ -494,13 +534,17 @@ impl<'m> MergedDecoder<'m> {
     }
 
     /// Evaluates layer `il`'s predictor on every undecided node (one grouped head-row product for all of them).
-    fn evaluate(&mut self, il: usize) {
-        let Some(mlp) = self.predictors.layers[il].as_ref() else { return };
+    fn evaluate(
+        &mut self,
+        il: usize,
+        mut constraint: Option<&mut dyn TokenConstraint>,
+    ) -> Result<(), SpeculativeError> {
+        let Some(mlp) = self.predictors.layers[il].as_ref() else { return Ok(()) };
         let (model, d) = (self.model, self.model.config.n_embd);
         self.live.clear();
         self.live.extend((0..self.nodes.len()).filter(|&i| self.nodes[i].decided.is_none()));
         if self.live.is_empty() {
-            return;
+            return Ok(());
         }
         let k = CANDIDATES;
         self.normed.resize(self.live.len() * d, 0.0);
@@ -545,11 +589,77 @@ impl<'m> MergedDecoder<'m> {
                     top
                 }
             };
+            if let Some(c) = constraint.as_deref_mut() {
+                // The node's path is valid (the tree was cut to the grammar): is its decision?
+                self.tree.path_tokens(i, &mut self.path_tokens);
+                self.path_tokens.push(token);
+                if c.valid_prefix(&self.path_tokens) < self.path_tokens.len() {
+                    self.stats.grammar_vetoes += 1;
+                    continue;
+                }
+            }
             self.nodes[i].decided = Some((il, token));
             self.nodes[i].by_predictor = true;
             if i == ROOT {
                 self.root_normed.clear();
                 self.root_normed.extend_from_slice(row);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the drafts whose path `constraint` forbids (with their candidates): a node survives when its whole
+    /// path is valid, so a kept node's parent is kept too.
+    fn retain_allowed(&mut self, constraint: &mut dyn TokenConstraint) {
+        let tree = &self.tree;
+        let path = &mut self.path_tokens;
+        let valid: Vec<bool> = (0..tree.len())
+            .map(|i| {
+                tree.path_tokens(i, path);
+                constraint.valid_prefix(path) == path.len()
+            })
+            .collect();
+        if valid.iter().all(|&v| v) {
+            return;
+        }
+        self.tree.retain(|i, _| valid[i]);
+        if !self.candidates.is_empty() {
+            let mut j = 0;
+            for (i, _) in valid.iter().enumerate().filter(|(_, &v)| v) {
+                self.candidates.copy_within(i * CANDIDATES..(i + 1) * CANDIDATES, j * CANDIDATES);
+                j += 1;
+            }
+            self.candidates.truncate(j * CANDIDATES);
+        }
+    }
+
+    /// After a forward under a grammar: the walk again from the root, committing each token to `constraint`;
+    /// a decision the grammar forbids (the last layer's full head: predictors' were checked) becomes the best
+    /// allowed token of the node's full logits; the walk ends where the grammar does.
+    fn constrained_walk(&mut self, constraint: &mut dyn TokenConstraint) -> Result<(), SpeculativeError> {
+        let (model, d, v) = (self.model, self.model.config.n_embd, self.model.config.vocab_size);
+        self.path.clear();
+        let mut i = ROOT;
+        loop {
+            self.path.push(i);
+            let Some((_, decided)) = self.nodes[i].decided else { unreachable!("the walk ended on a decided node") };
+            let (hidden, normed, ws, stats) = (&self.hidden, &mut self.normed, &mut self.ws, &mut self.stats);
+            let full = |out: &mut Vec<f32>| {
+                normed.resize(d, 0.0);
+                model.final_norm(&hidden[i * d..(i + 1) * d], &mut normed[..d]);
+                out.resize(v, 0.0);
+                model.head_full(&normed[..d], 1, out, ws);
+                stats.full_head_rows += 1;
+            };
+            let token = constrained_argmax(decided, constraint, full, &mut self.logits)?;
+            constraint.commit(token)?;
+            let child = self.tree.children(i).find(|&c| self.tree.node(c).token == token);
+            match child.filter(|_| !constraint.is_finished()) {
+                Some(c) if self.nodes[c].decided.is_some() => i = c,
+                _ => {
+                    self.bonus = token;
+                    return Ok(());
+                }
             }
         }
     }
@@ -655,6 +765,14 @@ impl<'m> MergedDecoder<'m> {
     }
 }
 
+/// A shorter-lived borrow of an optional grammar (the trait object's lifetime shortened with it).
+fn reborrow<'a>(c: &'a mut Option<&mut dyn TokenConstraint>) -> Option<&'a mut dyn TokenConstraint> {
+    match c {
+        Some(c) => Some(&mut **c),
+        None => None,
+    }
+}
+
 /// The full head's top-1 for one normed row (through the head screen).
 fn full_head_top1(model: &Model, normed: &[f32], ws: &mut Workspace) -> u32 {
     let mut t = [0u32];
@@ -708,6 +826,62 @@ mod tests {
             }
             // The random head is rarely right; the tiny model repeats itself, which the lookup chain catches.
             assert!(accepted[1] > accepted[0], "{arch}: accepted drafts without and with lookup: {accepted:?}");
+        }
+    }
+
+    #[test]
+    fn under_a_grammar_drafts_and_decisions_it_forbids_are_dropped_and_never_exiting_is_constrained_dense() {
+        use crate::constraint::tests::{dense_constrained, modular, Script};
+        use crate::constraint::TokenConstraint;
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let predictors = random_predictors(model.config.n_layers, 16, 3);
+        let len = 30;
+        let want = dense_constrained(&model, modular(len));
+        let tree = TreeConfig { depth: 3, top_k: 2, budget: 6, min_prob: 0.0 };
+        let run = |config: SpecEeConfig, lookup: usize, mut c: Script| {
+            let mut dec = MergedDecoder::new(&model, 128, 2, head(), tree, &predictors, config).with_lookup(lookup);
+            dec.feed(&PROMPT).unwrap();
+            let mut out = Vec::new();
+            while !c.is_finished() {
+                out.extend_from_slice(dec.step_constrained(usize::MAX, &mut c).unwrap());
+            }
+            assert_eq!(out, c.committed, "the grammar follows every committed token");
+            (out, *dec.stats())
+        };
+        for lookup in [0, 3] {
+            let never = SpecEeConfig { threshold: Some(2.0), ..Default::default() };
+            let (got, st) = run(never, lookup, modular(len));
+            assert_eq!(got, want, "never exiting: constrained dense (lookup {lookup})");
+            assert_eq!((st.early_stops, st.grammar_vetoes), (0, 0));
+            assert!(st.speculative.drafted_nodes > 0);
+            for verify in [Verify::Candidates, Verify::Full] {
+                let always = SpecEeConfig { threshold: Some(-1.0), verify, ..Default::default() };
+                let (got, st) = run(always, lookup, modular(len));
+                assert_eq!(got.len(), len, "{verify:?} lookup {lookup}: ends with the grammar");
+                // (The random head's candidates rarely hold the full head's top-1: `Full` seldom stops early.)
+                let stopped = verify == Verify::Full || st.early_stops > 0;
+                assert!(st.grammar_vetoes > 0 && stopped, "{verify:?} lookup {lookup}: {st:?}");
+            }
+        }
+        // A root-only tree under a grammar is constrained SpecEE, token for token.
+        let root_only = TreeConfig { depth: 0, top_k: 1, budget: 0, min_prob: 0.0 };
+        let h = head();
+        for threshold in [0.3, 0.5, -1.0] {
+            let config = SpecEeConfig { threshold: Some(threshold), ..Default::default() };
+            let mut specee = SpecEeDecoder::new(&model, 128, 2, &h, &predictors, config);
+            let want = super::super::decoder::tests::specee_constrained(&mut specee, modular(len));
+            let mut merged = MergedDecoder::new(&model, 128, 2, h.clone(), root_only, &predictors, config);
+            let mut c = modular(len);
+            let mut ids = PROMPT.to_vec();
+            ids.push(want[0]);
+            c.commit(want[0]).unwrap();
+            merged.feed(&ids).unwrap();
+            let mut got = vec![want[0]];
+            while !c.is_finished() {
+                got.extend_from_slice(merged.step_constrained(usize::MAX, &mut c).unwrap());
+            }
+            assert_eq!(got, want, "threshold {threshold}");
+            assert_eq!(specee.stats().grammar_vetoes, merged.stats().grammar_vetoes, "threshold {threshold}");
         }
     }
 
