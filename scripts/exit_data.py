@@ -4,6 +4,9 @@ the draft-training split plus 60 of its texts, shuffled with a fixed seed, so th
 
     python3 scripts/draft_data.py data/draft --max-man 300    # the draft-training split (see heads/README.md)
     python3 scripts/exit_data.py data/draft/train.jsonl data/exit/train.jsonl
+
+`--mix FILE` (repeatable) adds FILE's chat records to the shuffle (Qwen2.5-Coder's predictors: code prompts from
+`scripts/code_prompts.py --train N`), so that `--limit N` takes a mix of them too.
 """
 import json
 import random
@@ -11,11 +14,21 @@ import sys
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        sys.exit("usage: exit_data.py DRAFT_TRAIN.jsonl OUT.jsonl")
-    src, dst = sys.argv[1], sys.argv[2]
+    args, mix = sys.argv[1:], []
+    while "--mix" in args:
+        i = args.index("--mix")
+        if i + 1 >= len(args):
+            sys.exit("--mix needs a file")
+        mix.append(args[i + 1])
+        del args[i : i + 2]
+    if len(args) != 2:
+        sys.exit("usage: exit_data.py DRAFT_TRAIN.jsonl OUT.jsonl [--mix FILE ...]")
+    src, dst = args
     with open(src) as f:
         records = [json.loads(line) for line in f if line.strip()]
+    for path in mix:
+        with open(path) as f:
+            records += [r for r in (json.loads(line) for line in f if line.strip()) if "messages" in r]
     chat = [r for r in records if "messages" in r]
     text = [r for r in records if "text" in r]
     random.seed(1)
