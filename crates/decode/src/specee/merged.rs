@@ -22,6 +22,8 @@
 //!
 //! With a predictor that never fires this is lossless tree speculative decoding (tested against dense greedy);
 //! with a tree of only the root it is exactly [`super::SpecEeDecoder`] (tested token for token). Greedy only.
+//! Under a grammar ([`MergedDecoder::step_constrained`]) forbidden drafts are dropped, forbidden predictor decisions
+//! refused, and the last layer's decisions walked through the grammar (best allowed token where its top-1 is not).
 
 use super::decoder::{KvPolicy, Pending, SpecEeConfig, Verify};
 use super::predictor::{features, layer_update, ExitPredictors, CANDIDATES, DRAFT_FEATURES};
