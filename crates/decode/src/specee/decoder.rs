@@ -364,15 +364,10 @@ impl<'m> SpecEeDecoder<'m> {
         self.run(token, Run::Exit { want_logits: false, constraint: Some(constraint) })
     }
 
-    /// The best token `constraint` allows after the last [`SpecEeDecoder::feed`] (its greedy token `next`
-    /// when allowed, else the argmax of the last row's full logits, masked).
-    pub fn constrain_fed(&mut self, next: u32, constraint: &mut dyn TokenConstraint) -> Result<u32, SpeculativeError> {
-        self.constrained_head_token(next, constraint)
-    }
-
-    /// `greedy` (the full head's top-1 of the current normed row) when `constraint` allows it, else the best
-    /// allowed token of that row's full logits.
-    fn constrained_head_token(
+    /// The best token `constraint` allows for the current final-normed row (after [`SpecEeDecoder::feed`], or a
+    /// step that ran every layer): `greedy`, that row's top-1, when allowed, else the argmax of the row's full
+    /// logits, masked.
+    pub fn constrain_fed(
         &mut self,
         greedy: u32,
         constraint: &mut dyn TokenConstraint,
@@ -609,7 +604,7 @@ impl<'m> SpecEeDecoder<'m> {
                 model.final_norm(&self.hidden, &mut self.normed);
                 let greedy = self.head_token(keep_logits);
                 match &mut mode {
-                    Run::Exit { constraint: Some(c), .. } => (n_layers, self.constrained_head_token(greedy, &mut **c)?),
+                    Run::Exit { constraint: Some(c), .. } => (n_layers, self.constrain_fed(greedy, &mut **c)?),
                     _ => (n_layers, greedy),
                 }
             }

@@ -610,29 +610,18 @@ impl<'m> MergedDecoder<'m> {
         Ok(())
     }
 
-    /// Drops the drafts whose path `constraint` forbids (with their candidates): a node survives when its whole
-    /// path is valid, so a kept node's parent is kept too.
+    /// Drops the drafts whose path `constraint` forbids, with their candidates.
     fn retain_allowed(&mut self, constraint: &mut dyn TokenConstraint) {
-        let tree = &self.tree;
-        let path = &mut self.path_tokens;
-        let valid: Vec<bool> = (0..tree.len())
-            .map(|i| {
-                tree.path_tokens(i, path);
-                constraint.valid_prefix(path) == path.len()
-            })
-            .collect();
-        if valid.iter().all(|&v| v) {
+        let kept = self.tree.retain_allowed(constraint);
+        if self.candidates.is_empty() || kept.iter().all(|&k| k) {
             return;
         }
-        self.tree.retain(|i, _| valid[i]);
-        if !self.candidates.is_empty() {
-            let mut j = 0;
-            for (i, _) in valid.iter().enumerate().filter(|(_, &v)| v) {
-                self.candidates.copy_within(i * CANDIDATES..(i + 1) * CANDIDATES, j * CANDIDATES);
-                j += 1;
-            }
-            self.candidates.truncate(j * CANDIDATES);
+        let mut j = 0;
+        for (i, _) in kept.iter().enumerate().filter(|(_, &k)| k) {
+            self.candidates.copy_within(i * CANDIDATES..(i + 1) * CANDIDATES, j * CANDIDATES);
+            j += 1;
         }
+        self.candidates.truncate(j * CANDIDATES);
     }
 
     /// After a forward under a grammar: the walk again from the root, committing each token to `constraint`;

@@ -301,15 +301,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             };
         }
         // Drop the drafts the grammar forbids: a node survives when its whole path is valid.
-        let mut path = Vec::new();
-        let tree = &self.tree;
-        let valid: Vec<bool> = (0..tree.len())
-            .map(|i| {
-                tree.path_tokens(i, &mut path);
-                constraint.valid_prefix(&path) == path.len()
-            })
-            .collect();
-        self.tree.retain(|i, _| valid[i]);
+        self.tree.retain_allowed(constraint);
 
         let (model, tree, fs) = (self.model, &self.tree, &self.feature_source);
         let verified =

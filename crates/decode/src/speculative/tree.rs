@@ -184,6 +184,20 @@ impl DraftTree {
         self.child_distributions = kept_dists;
     }
 
+    /// Drops the nodes whose path (after the root) `constraint` forbids; a kept node's parent is kept too, as a
+    /// path's prefix is valid when the path is. Returns which of the nodes before the call were kept.
+    pub fn retain_allowed(&mut self, constraint: &mut dyn crate::TokenConstraint) -> Vec<bool> {
+        let mut path = Vec::new();
+        let valid: Vec<bool> = (0..self.len())
+            .map(|i| {
+                self.path_tokens(i, &mut path);
+                constraint.valid_prefix(&path) == path.len()
+            })
+            .collect();
+        self.retain(|i, _| valid[i]);
+        valid
+    }
+
     /// The `len × len` ancestor mask: `mask[j * len + m]` is true iff node `m` is node `j` or one of its ancestors.
     pub fn ancestor_mask(&self, mask: &mut Vec<bool>) {
         let n = self.nodes.len();
