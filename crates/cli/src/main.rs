@@ -40,6 +40,9 @@ enum Command {
     TrainReasoningExit(cmd::train_reasoning_exit::Args),
     /// Build the n-gram datastore of a model's own answers that the tree modes draft from.
     BuildDatastore(cmd::build_datastore::Args),
+    /// Activation sparsity: fit its thresholds, measure quality against sparsity, plot the curves.
+    #[command(subcommand_required = true)]
+    Sparsity(cmd::sparsity::Args),
     /// Show what a draft head, exit predictor file, datastore or training cache holds and how it was made.
     Inspect(cmd::inspect::Args),
 }
@@ -61,6 +64,7 @@ fn main() {
         Command::TrainReasoningExit(a) => cmd::train_reasoning_exit::run(a),
         Command::BuildDatastore(a) => cmd::build_datastore::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Sparsity(a) => cmd::sparsity::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {}", one_line(&e));

@@ -14,7 +14,9 @@
 //!    that trained artifacts record and are checked against on load.
 //! 9. [`constraint`]: grammar-constrained generation (JSON schema, Lark) through llguidance.
 //! 10. [`logprobs`]: log probabilities of generated tokens, from the target's own logits in every lossless mode.
+//! 11. [`act_sparsity`]: activation sparsity's calibration file (`specee sparsity fit`) and its quality curve.
 
+pub mod act_sparsity;
 pub mod bench;
 pub mod constraint;
 pub mod conversation;

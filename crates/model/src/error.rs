@@ -23,4 +23,6 @@ pub enum ModelError {
     BadToken { id: u32, vocab: usize },
     #[error("no tokens to run (a greedy step needs at least one input token)")]
     EmptyInput,
+    #[error("activation-sparsity thresholds for {found} layers, but the model has {layers}")]
+    ActLayers { found: usize, layers: usize },
 }

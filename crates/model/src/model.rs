@@ -16,6 +16,7 @@ use crate::blocks::{glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope
 use crate::config::Config;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
+use crate::sparsity::{sparsify, ActCounts, ActHistograms, ActThresholds, Site};
 use crate::weights::{Matrix, Weights};
 use crate::workspace::{grow, Workspace};
 use gguf::GgufFile;
@@ -70,6 +71,8 @@ pub struct Model {
     x8_rows: std::sync::atomic::AtomicUsize,
     /// Greedy calls use the screen for any number of rows ([`Model::force_head_screen`]).
     screen_forced: std::sync::atomic::AtomicBool,
+    /// Activation sparsity: thresholds below which the layers' matrix inputs are zeroed ([`crate::sparsity`]).
+    act_sparsity: Option<ActThresholds>,
 }
 
 /// The interleaved head ([`Model::head_x8`]) is built once this many rows went through full-logit head products:
@@ -163,7 +166,25 @@ impl Model {
             head_x8,
             x8_rows,
             screen_forced,
+            act_sparsity: None,
         })
+    }
+
+    /// Zeroes every layer's matrix inputs below `thresholds` from now on (`None`: dense again). Refuses thresholds
+    /// for another number of layers.
+    pub fn set_act_sparsity(&mut self, thresholds: Option<ActThresholds>) -> Result<(), ModelError> {
+        if let Some(t) = &thresholds {
+            if t.layers.len() != self.config.n_layers {
+                return Err(ModelError::ActLayers { found: t.layers.len(), layers: self.config.n_layers });
+            }
+        }
+        self.act_sparsity = thresholds;
+        Ok(())
+    }
+
+    /// The activation-sparsity thresholds in use ([`Model::set_act_sparsity`]).
+    pub fn act_sparsity(&self) -> Option<&ActThresholds> {
+        self.act_sparsity.as_ref()
     }
 
     /// The GGUF file (metadata, e.g. for the tokenizer).
@@ -276,6 +297,8 @@ impl Model {
         for r in 0..n {
             rms_norm(&x[r * d..(r + 1) * d], &lw.attn_norm, c.rms_eps, &mut ws.h[r * d..(r + 1) * d]);
         }
+        let act = self.act_sparsity.as_ref();
+        act_input(act, il, Site::Qkv, &mut ws.h[..n * d], n, &mut ws.act_record, &mut ws.act_counts);
         let pool = &ws.pool;
         let (wq, wk, wv) = (self.qmatrix(&lw.wq), self.qmatrix(&lw.wk), self.qmatrix(&lw.wv));
         matmul_many(
@@ -332,6 +355,7 @@ impl Model {
         }
         Attention::run_many(&jobs, &ws.pool, &mut ws.scores);
 
+        act_input(act, il, Site::O, &mut ws.att[..n * att_d], n, &mut ws.act_record, &mut ws.act_counts);
         let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.wo), &ws.att[..n * att_d], n, &mut ws.o[..n * d], &mut ws.mm);
         self.residual(x, &mut ws.o[..n * d], lw.post_attn_norm.as_deref(), n);
@@ -340,6 +364,8 @@ impl Model {
         for r in 0..n {
             rms_norm(&x[r * d..(r + 1) * d], &lw.ffn_norm, c.rms_eps, &mut ws.h[r * d..(r + 1) * d]);
         }
+        act_input(act, il, Site::GateUp, &mut ws.h[..n * d], n, &mut ws.act_record, &mut ws.act_counts);
+        let pool = &ws.pool;
         let ff = c.n_ff;
         let (wg, wu) = (self.qmatrix(&lw.w_gate), self.qmatrix(&lw.w_up));
         // The gated activation runs inside the gate/up product's parallel region, on each thread's own rows (with
@@ -356,6 +382,8 @@ impl Model {
             &mut ws.mm,
             &|g, u| glu_in_place(activation, g, u),
         );
+        act_input(act, il, Site::Down, &mut ws.gate[..n * ff], n, &mut ws.act_record, &mut ws.act_counts);
+        let pool = &ws.pool;
         matmul(pool, &self.qmatrix(&lw.w_down), &ws.gate[..n * ff], n, &mut ws.o[..n * d], &mut ws.mm);
         self.residual(x, &mut ws.o[..n * d], lw.post_ffn_norm.as_deref(), n);
         Ok(())
@@ -451,6 +479,10 @@ impl Model {
         grow(&mut ws.sin, c.rope_dims / 2);
         for r in 0..n {
             rms_norm(&x[r * d..(r + 1) * d], &lw.attn_norm, c.rms_eps, &mut ws.h[r * d..(r + 1) * d]);
+        }
+        // The same zeroed input as the full layer's Q/K/V product (not recorded: it is not a new activation).
+        if let Some(t) = &self.act_sparsity {
+            sparsify(&mut ws.h[..n * d], t.get(il, Site::Qkv));
         }
         let (wk, wv) = (self.qmatrix(&lw.wk), self.qmatrix(&lw.wv));
         matmul_many(
@@ -766,6 +798,27 @@ impl Model {
             self.layer_batch(il, hidden, &mut seqs, ws)?;
         }
         Ok(())
+    }
+}
+
+/// The input `x` of `site`'s products in layer `il`: recorded (before zeroing) while a recording is on, then
+/// zeroed below the layer's threshold where activation sparsity is set, the zeroed entries counted ([`ActCounts::add`]).
+#[inline]
+fn act_input(
+    act: Option<&ActThresholds>,
+    il: usize,
+    site: Site,
+    x: &mut [f32],
+    rows: usize,
+    record: &mut Option<Box<ActHistograms>>,
+    counts: &mut ActCounts,
+) {
+    if let Some(h) = record {
+        h.record(il, site, x);
+    }
+    if let Some(t) = act {
+        let zeroed = sparsify(x, t.get(il, site));
+        counts.add(site, x, rows, zeroed);
     }
 }
 

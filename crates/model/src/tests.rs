@@ -237,3 +237,53 @@ fn tree_masks_of_several_requests_in_one_batch_stay_apart() {
         assert_eq!((a2.seq_len(), b2.seq_len()), (6, 7));
     }
 }
+
+/// Activation sparsity: zero thresholds leave the forward bit-identical; fitted thresholds zero about the share
+/// they were fitted for on the same text (every site, every architecture) and change the logits; a recording sees
+/// every layer's four inputs; thresholds for another depth are refused.
+#[test]
+fn activation_sparsity_zeroes_the_fitted_share_and_nothing_at_zero() {
+    use crate::sparsity::{ActThresholds, Site, SITES};
+    for (arch, win) in archs() {
+        let mut m = tiny_model(arch, win);
+        let n_layers = m.config.n_layers;
+        let mut ws = Workspace::new(2);
+        let mut h = Vec::new();
+        ws.record_activations(n_layers);
+        let mut kv = m.new_cache(32);
+        let dense = m.forward(&TOKENS, &mut kv, &mut ws, &mut h, Logits::All).unwrap().to_vec();
+        let rec = ws.take_recording().unwrap();
+        for il in 0..n_layers {
+            for site in Site::ALL {
+                assert!(rec.total(il, site) > 0, "{arch}: layer {il} {site:?} not recorded");
+            }
+        }
+        assert_eq!(rec.total(0, Site::GateUp), (TOKENS.len() * m.config.n_embd) as u64);
+        assert_eq!(rec.total(0, Site::Down), (TOKENS.len() * m.config.n_ff) as u64);
+
+        m.set_act_sparsity(Some(ActThresholds { layers: vec![[0.0; SITES]; n_layers] })).unwrap();
+        let mut kv = m.new_cache(32);
+        let zero = m.forward(&TOKENS, &mut kv, &mut ws, &mut h, Logits::All).unwrap().to_vec();
+        assert_eq!(zero, dense, "{arch}: zero thresholds must change nothing");
+        assert_eq!(ws.act_counts().zeroed.iter().sum::<u64>(), 0);
+
+        m.set_act_sparsity(Some(rec.thresholds(0.4))).unwrap();
+        ws.reset_act_counts();
+        let mut kv = m.new_cache(32);
+        let sparse = m.forward(&TOKENS, &mut kv, &mut ws, &mut h, Logits::All).unwrap().to_vec();
+        assert_ne!(sparse, dense, "{arch}: 40% sparsity changed nothing");
+        let c = ws.act_counts();
+        // The first site sees exactly the recorded inputs; later ones drift as earlier zeroing changes them.
+        let first = c.share(Some(Site::Qkv), [1.0; SITES]);
+        assert!((first - 0.4).abs() < 0.1, "{arch}: qkv inputs {first:.3} zeroed, fitted for 0.4");
+        let all = c.share(None, [1.0; SITES]);
+        assert!((all - 0.4).abs() < 0.15, "{arch}: {all:.3} of all inputs zeroed, fitted for 0.4");
+
+        let err = m.set_act_sparsity(Some(ActThresholds { layers: vec![[0.0; SITES]; n_layers + 1] })).unwrap_err();
+        assert!(err.to_string().contains("thresholds for 4 layers, but the model has 3"), "{err}");
+        m.set_act_sparsity(None).unwrap();
+        let mut kv = m.new_cache(32);
+        let back = m.forward(&TOKENS, &mut kv, &mut ws, &mut h, Logits::All).unwrap().to_vec();
+        assert_eq!(back, dense, "{arch}");
+    }
+}

@@ -2,6 +2,7 @@
 //! state and the KV cache. Buffers grow to the largest batch seen and are then reused, so steady-state
 //! decoding allocates nothing.
 
+use crate::sparsity::{ActCounts, ActHistograms};
 use kernels::{MatmulScratch, ThreadPool};
 
 /// Scratch buffers and threads for [`crate::Model`]'s step API.
@@ -23,6 +24,10 @@ pub struct Workspace {
     pub(crate) normed: Vec<f32>,
     /// Logits of the last head call.
     pub(crate) logits: Vec<f32>,
+    /// Histograms of the layers' matrix inputs, while [`Workspace::record_activations`] is on.
+    pub(crate) act_record: Option<Box<ActHistograms>>,
+    /// Input entries zeroed by the model's activation sparsity ([`crate::Model::set_act_sparsity`]) and seen.
+    pub(crate) act_counts: ActCounts,
 }
 
 impl Workspace {
@@ -44,7 +49,30 @@ impl Workspace {
             sin: Vec::new(),
             normed: Vec::new(),
             logits: Vec::new(),
+            act_record: None,
+            act_counts: ActCounts::default(),
         }
+    }
+
+    /// Starts recording histograms of every layer's matrix inputs (before any sparsity zeroes them) for a model of
+    /// `n_layers` layers, dropping any recording in progress.
+    pub fn record_activations(&mut self, n_layers: usize) {
+        self.act_record = Some(Box::new(ActHistograms::new(n_layers)));
+    }
+
+    /// Ends the recording and returns it.
+    pub fn take_recording(&mut self) -> Option<ActHistograms> {
+        self.act_record.take().map(|b| *b)
+    }
+
+    /// Input entries the model's activation sparsity zeroed and saw through this workspace so far.
+    pub fn act_counts(&self) -> ActCounts {
+        self.act_counts
+    }
+
+    /// Sets [`Workspace::act_counts`] back to zero.
+    pub fn reset_act_counts(&mut self) {
+        self.act_counts = ActCounts::default();
     }
 
     /// The thread pool.

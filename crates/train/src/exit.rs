@@ -732,7 +732,7 @@ pub fn choose_schedule(
 }
 
 /// 3×5 pixel digits for the plot's labels.
-const DIGITS: [[u8; 5]; 10] = [
+pub(crate) const DIGITS: [[u8; 5]; 10] = [
     [7, 5, 5, 5, 7],
     [2, 6, 2, 2, 7],
     [7, 1, 7, 4, 7],

@@ -16,6 +16,7 @@
 //!   trained on whole sequences and written in the published EAGLE-3 layout.
 //! - [`exit`]: SpecEE's per-layer exit predictors — traced full-depth decoding, one small MLP per layer, the
 //!   offline schedule and thresholds, and a plot of where tokens exit.
+//! - [`plot`]: line charts as PNG (activation sparsity's quality curves).
 
 pub mod artifact;
 pub mod cache;
@@ -23,6 +24,7 @@ pub mod data;
 pub mod eagle3;
 pub mod exit;
 pub mod head;
+pub mod plot;
 pub mod reasoning;
 
 use candle_core::{DType, Device, Tensor};

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod inspect;
 pub mod perplexity;
 pub mod serve;
+pub mod sparsity;
 pub mod tokenize;
 pub mod train_draft;
 pub mod train_exit;
