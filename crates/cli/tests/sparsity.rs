@@ -31,8 +31,8 @@ fn fit_curve_and_plot_on_smollm2_and_another_models_file_is_one_line() {
 
     let o = specee(
         &[
-            "sparsity", "curve", "-m", smol, "--file", file_s, "--text", text, "--levels", "0,0.3", "--chunks", "1",
-            "-t", "2", "--json",
+            "sparsity", "curve", "-m", smol, "--file", file_s, "--text", text, "--levels", "0,0.3", "--mix",
+            "down=0.5", "--chunks", "1", "-t", "2", "--json",
         ],
         Duration::from_secs(300),
     );
@@ -50,6 +50,11 @@ fn fit_curve_and_plot_on_smollm2_and_another_models_file_is_one_line() {
     assert!(num(&p[1]["bytes_ceiling"]) > 1.1, "{c}");
     // Two rows skip only the columns zero in both: fewer than one row skips.
     assert!(num(&p[1]["rows_union"]["2"]) < achieved, "{c}");
+    // The --mix point sparsifies only the down product's input, at its own share.
+    let mix = &p[2]["per_site"];
+    assert_eq!((num(&mix["qkv"]), num(&mix["o"]), num(&mix["gate_up"])), (0.0, 0.0, 0.0), "{c}");
+    assert!((0.4..0.6).contains(&num(&mix["down"])), "{c}");
+    assert_eq!(num(&p[2]["target"]["down"]), 0.5, "{c}");
     let curve = dir.join("smol.curve.json");
     std::fs::write(&curve, stdout(&o)).unwrap();
 
@@ -61,11 +66,12 @@ fn fit_curve_and_plot_on_smollm2_and_another_models_file_is_one_line() {
     // SmolLM2's file on Gemma; a file that `fit` did not write; a bad level; an unknown site.
     let gemma = gemma3();
     let draft = workspace_root().join("heads/SmolLM2-135M-Instruct.Q4_1.draft.safetensors");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["-m", gemma.to_str().unwrap(), "--file", file_s], "was made for SmolLM2-135M-Instruct.Q4_1.gguf"),
         (&["-m", smol, "--file", draft.to_str().unwrap()], "not made by `specee sparsity fit`"),
         (&["-m", smol, "--file", file_s, "--levels", "1.5"], "--levels: 1.5 is not a share in [0, 1)"),
         (&["-m", smol, "--file", file_s, "--sites", "ffn"], "unknown matrix input 'ffn'"),
+        (&["-m", smol, "--file", file_s, "--mix", "down"], "--mix: 'down' is not NAME=SHARE"),
     ];
     for (extra, want) in cases {
         let args: Vec<&str> =

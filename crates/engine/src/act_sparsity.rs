@@ -127,8 +127,8 @@ pub fn bytes_ceiling(model: &model::Model, skipped: f64) -> f64 {
 /// One target sparsity of a [`curve`].
 #[derive(Clone, Debug)]
 pub struct CurvePoint {
-    /// The share fitted for at every site.
-    pub target: f64,
+    /// The share fitted for at each [`Site`] (0: dense there).
+    pub target: [f64; SITES],
     /// The share of the layers' weight bytes whose input was zero on the evaluated text ([`site_bytes`]).
     pub achieved: f64,
     /// [`bytes_ceiling`] at `achieved`: one row's decode speed-up over dense if those bytes were not read.
@@ -152,15 +152,13 @@ pub struct Curve {
     pub seconds: f64,
 }
 
-/// Teacher-forced quality of every `targets` sparsity (thresholds from `hist`, at the `sites` given; the others
-/// stay dense) on `text`, chunked as
-/// `specee perplexity` (the second half of each chunk scored); `progress(done, total)` per chunk forward. The
-/// model is dense again afterwards.
+/// Teacher-forced quality of every `targets` setting (a share per [`Site`]; thresholds from `hist`) on `text`,
+/// chunked as `specee perplexity` (the second half of each chunk scored); `progress(done, total)` per chunk forward.
+/// The model is dense again afterwards.
 pub fn curve(
     engine: &mut Engine,
     hist: &ActHistograms,
-    targets: &[f64],
-    sites: &[Site],
+    targets: &[[f64; SITES]],
     text: &str,
     ctx: usize,
     max_chunks: usize,
@@ -198,13 +196,7 @@ pub fn curve(
     let positions = dense_top.len();
     let mut points = Vec::with_capacity(targets.len());
     for &target in targets {
-        let mut thresholds = hist.thresholds(target);
-        for t in &mut thresholds.layers {
-            for site in Site::ALL.into_iter().filter(|s| !sites.contains(s)) {
-                t[site as usize] = 0.0;
-            }
-        }
-        engine.model.set_act_sparsity(Some(thresholds))?;
+        engine.model.set_act_sparsity(Some(hist.thresholds_per_site(target)))?;
         ws.reset_act_counts();
         let result = pass(engine, &mut ws);
         let (top, nll) = match result {

@@ -156,8 +156,15 @@ impl ActHistograms {
 
     /// The same share `s` at every layer and site (see the module doc).
     pub fn thresholds(&self, s: f64) -> ActThresholds {
+        self.thresholds_per_site([s; SITES])
+    }
+
+    /// Share `s[site]` at every layer (0: that input stays dense).
+    pub fn thresholds_per_site(&self, s: [f64; SITES]) -> ActThresholds {
         ActThresholds {
-            layers: (0..self.n_layers).map(|il| Site::ALL.map(|site| self.threshold(il, site, s))).collect(),
+            layers: (0..self.n_layers)
+                .map(|il| Site::ALL.map(|site| self.threshold(il, site, s[site as usize])))
+                .collect(),
         }
     }
 }

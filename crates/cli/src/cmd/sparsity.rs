@@ -7,12 +7,14 @@
 //!   quality per target sparsity on held-out text: perplexity against dense, agreement of top-1 with dense, and the
 //!   sparsity actually reached (model-wide by weight columns, per matrix input, and over groups of 2 / 4 / 8
 //!   consecutive rows: the columns a tree verification of that many rows could skip). `--sites` sparsifies only
-//!   some matrix inputs. With `--json` one object.
+//!   some matrix inputs; `--mix o=0.5,down=0.5` adds a point with a share per input. With `--json` one object.
 //! - `plot OUT.png CURVE.json…`: the curves of several `curve --json` outputs, one colour per model, left the
-//!   perplexity increase (%, dotted: +3%), right the agreement with dense (%, dotted: 98%), both against the
+//!   perplexity increase (%, clipped at 30%; dotted: +3%), right the agreement with dense (%, dotted: 98%), both against the
 //!   sparsity reached (%).
 
 use super::ModelArgs;
+use model::sparsity::SITES;
+use model::Site;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -66,6 +68,9 @@ pub struct CurveArgs {
     /// Sparsify only these matrix inputs (qkv, o, gate_up, down; default: all four).
     #[arg(long, value_delimiter = ',')]
     pub sites: Vec<String>,
+    /// A further point with its own share per matrix input, e.g. `o=0.5,down=0.5` (the others dense); repeatable.
+    #[arg(long)]
+    pub mix: Vec<String>,
     /// Chunk length in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 256)]
     pub ctx: usize,
@@ -127,47 +132,57 @@ fn curve(a: CurveArgs) -> anyhow::Result<()> {
     if let Some(bad) = a.levels.iter().find(|&&s| !(0.0..1.0).contains(&s)) {
         anyhow::bail!("--levels: {bad} is not a share in [0, 1)");
     }
-    let sites: Vec<model::Site> = if a.sites.is_empty() {
-        model::Site::ALL.to_vec()
-    } else {
-        a.sites
-            .iter()
-            .map(|s| {
-                model::Site::ALL
-                    .into_iter()
-                    .find(|x| x.name() == s)
-                    .ok_or_else(|| anyhow::anyhow!("--sites: unknown matrix input '{s}' (qkv, o, gate_up, down)"))
-            })
-            .collect::<anyhow::Result<_>>()?
+    let site = |flag: &str, s: &str| {
+        Site::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| anyhow::anyhow!("{flag}: unknown matrix input '{s}' (qkv, o, gate_up, down)"))
     };
+    let sites: Vec<Site> = if a.sites.is_empty() {
+        Site::ALL.to_vec()
+    } else {
+        a.sites.iter().map(|s| site("--sites", s)).collect::<anyhow::Result<_>>()?
+    };
+    let mut targets: Vec<[f64; SITES]> = a
+        .levels
+        .iter()
+        .map(|&l| std::array::from_fn(|i| if sites.contains(&Site::ALL[i]) { l } else { 0.0 }))
+        .collect();
+    for spec in &a.mix {
+        let mut t = [0f64; SITES];
+        for part in spec.split(',') {
+            let (name, share) = part
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--mix: '{part}' is not NAME=SHARE (e.g. down=0.5)"))?;
+            let share: f64 = share.trim().parse().map_err(|_| anyhow::anyhow!("--mix: '{share}' is not a number"))?;
+            if !(0.0..1.0).contains(&share) {
+                anyhow::bail!("--mix: {share} is not a share in [0, 1)");
+            }
+            t[site("--mix", name.trim())? as usize] = share;
+        }
+        targets.push(t);
+    }
     let text = read_text(&a.text)?;
     let (mut eng, path) = a.model.load_with_path()?;
     let hist = engine::act_sparsity::load(&a.file, &eng, &path)?;
     let quiet = a.json;
-    let c = engine::act_sparsity::curve(
-        &mut eng,
-        &hist,
-        &a.levels,
-        &sites,
-        &text,
-        a.ctx,
-        a.chunks,
-        a.model.threads(),
-        |d, n| {
+    let c =
+        engine::act_sparsity::curve(&mut eng, &hist, &targets, &text, a.ctx, a.chunks, a.model.threads(), |d, n| {
             if !quiet {
                 eprint!("\rforwards [{d}/{n}]   ");
                 let _ = std::io::stderr().flush();
             }
-        },
-    )?;
-    let sites = model::Site::ALL.map(|s| s.name());
+        })?;
+    let sites = Site::ALL.map(|s| s.name());
     if a.json {
         let points: Vec<_> = c
             .points
             .iter()
             .map(|p| {
                 serde_json::json!({
-                    "target": p.target, "achieved": p.achieved, "bytes_ceiling": p.ceiling, "ppl": p.ppl,
+                    "target": sites.iter().zip(p.target).map(|(s, v)| (s.to_string(), serde_json::json!(v)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "achieved": p.achieved, "bytes_ceiling": p.ceiling, "ppl": p.ppl,
                     "ppl_increase": p.ppl / c.ppl_dense - 1.0, "agreement": p.agreement,
                     "rows_union": model::sparsity::GROUPS.iter().zip(p.groups)
                         .map(|(g, v)| (g.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
@@ -206,8 +221,8 @@ fn curve(a: CurveArgs) -> anyhow::Result<()> {
     );
     for p in &c.points {
         println!(
-            "{:5.0}%  {:6.1}%  {:6.2}×  {:8.4}  {:+6.2}%  {:8.2}%  {}{}",
-            100.0 * p.target,
+            "{:>6}  {:6.1}%  {:6.2}×  {:8.4}  {:+6.2}%  {:8.2}%  {}{}",
+            target_label(&p.target),
             100.0 * p.achieved,
             p.ceiling,
             p.ppl,
@@ -218,6 +233,15 @@ fn curve(a: CurveArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `30%` for the same share at every input, else the shares in input order (`0/50/0/50`).
+fn target_label(t: &[f64; SITES]) -> String {
+    if t.iter().all(|&v| v == t[0]) {
+        format!("{:.0}%", 100.0 * t[0])
+    } else {
+        t.map(|v| format!("{:.0}", 100.0 * v)).join("/")
+    }
 }
 
 /// Colours of the models in `plot`, in argument order.
@@ -252,14 +276,15 @@ fn plot(a: PlotArgs) -> anyhow::Result<()> {
         agree.push((a2, colour));
     }
     let x_max = (x_max * 10.0).ceil() / 10.0;
-    let y_ppl = (y_ppl.min(1.0) * 10.0).ceil() / 10.0;
+    // The region that matters is a few percent: above 30% the curves are clipped.
+    let y_ppl = (y_ppl.min(0.3) * 20.0).ceil() / 20.0;
     let panels = [
         Panel {
             x_max,
             x_tick: 0.1,
             y_min: 0.0,
             y_max: y_ppl,
-            y_tick: if y_ppl > 0.5 { 0.1 } else { 0.05 },
+            y_tick: if y_ppl > 0.15 { 0.05 } else { 0.01 },
             label_scale: 100.0,
             references: vec![0.03],
             series: ppl,
