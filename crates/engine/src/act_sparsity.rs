@@ -190,35 +190,32 @@ pub fn curve(
         }
         Ok((top, nll))
     };
-    let saved = engine.model.act_sparsity().cloned();
     engine.model.set_act_sparsity(None)?;
     let (dense_top, dense_nll) = pass(engine, &mut ws)?;
     let positions = dense_top.len();
     let mut points = Vec::with_capacity(targets.len());
-    for &target in targets {
-        engine.model.set_act_sparsity(Some(hist.thresholds_per_site(target)))?;
-        ws.reset_act_counts();
-        let result = pass(engine, &mut ws);
-        let (top, nll) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                engine.model.set_act_sparsity(saved)?;
-                return Err(e);
-            }
-        };
-        let counts = ws.act_counts();
-        let achieved = counts.share(None, weights);
-        points.push(CurvePoint {
-            target,
-            achieved,
-            ceiling: bytes_ceiling(&engine.model, achieved),
-            per_site: Site::ALL.map(|s| counts.share(Some(s), weights)),
-            groups: std::array::from_fn(|k| counts.group_share(k, weights)),
-            ppl: (nll / positions as f64).exp(),
-            agreement: top.iter().zip(&dense_top).filter(|(a, b)| a == b).count() as f64 / positions as f64,
-        });
-    }
-    engine.model.set_act_sparsity(saved)?;
+    let mut sparse = || -> Result<(), EngineError> {
+        for &target in targets {
+            engine.model.set_act_sparsity(Some(hist.thresholds_per_site(target)))?;
+            ws.reset_act_counts();
+            let (top, nll) = pass(engine, &mut ws)?;
+            let counts = ws.act_counts();
+            let achieved = counts.share(None, weights);
+            points.push(CurvePoint {
+                target,
+                achieved,
+                ceiling: bytes_ceiling(&engine.model, achieved),
+                per_site: Site::ALL.map(|s| counts.share(Some(s), weights)),
+                groups: std::array::from_fn(|k| counts.group_share(k, weights)),
+                ppl: (nll / positions as f64).exp(),
+                agreement: top.iter().zip(&dense_top).filter(|(a, b)| a == b).count() as f64 / positions as f64,
+            });
+        }
+        Ok(())
+    };
+    let result = sparse();
+    engine.model.set_act_sparsity(None)?;
+    result?;
     Ok(Curve {
         positions,
         ppl_dense: (dense_nll / positions as f64).exp(),

@@ -732,7 +732,7 @@ pub fn choose_schedule(
 }
 
 /// 3×5 pixel digits for the plot's labels.
-pub(crate) const DIGITS: [[u8; 5]; 10] = [
+const DIGITS: [[u8; 5]; 10] = [
     [7, 5, 5, 5, 7],
     [2, 6, 2, 2, 7],
     [7, 1, 7, 4, 7],
@@ -744,6 +744,22 @@ pub(crate) const DIGITS: [[u8; 5]; 10] = [
     [7, 5, 7, 5, 7],
     [7, 5, 7, 1, 7],
 ];
+
+/// Calls `put(x, y)` for every pixel of the digits of `s` (other characters are skipped) drawn at `(x0, y0)` in
+/// [`DIGITS`]' font at double size: 8 pixels a digit, 10 high.
+pub(crate) fn draw_digits(s: &str, x0: i64, y0: i64, put: &mut dyn FnMut(i64, i64)) {
+    for (k, ch) in s.chars().filter_map(|c| c.to_digit(10)).enumerate() {
+        for (row, bits) in DIGITS[ch as usize].iter().enumerate() {
+            for col in 0..3 {
+                if bits & (4 >> col) != 0 {
+                    for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+                        put(x0 + k as i64 * 8 + col * 2 + dx, y0 + row as i64 * 2 + dy);
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// Writes a bar chart of `counts` (one bar per layer; the last bar, in grey, is "ran the full head") as PNG,
 /// layer numbers under every fifth bar and the largest count at the top left.
@@ -761,17 +777,7 @@ pub fn plot_histogram(counts: &[usize], path: &Path) -> Result<(), TrainError> {
     };
     let text =
         |s: &str, x0: usize, y0: usize, img: &mut Vec<u8>, put: &mut dyn FnMut(usize, usize, [u8; 3], &mut Vec<u8>)| {
-            for (k, ch) in s.chars().filter_map(|c| c.to_digit(10)).enumerate() {
-                for (row, bits) in DIGITS[ch as usize].iter().enumerate() {
-                    for col in 0..3 {
-                        if bits & (4 >> col) != 0 {
-                            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-                                put(x0 + k * 8 + col * 2 + dx, y0 + row * 2 + dy, [0, 0, 0], img);
-                            }
-                        }
-                    }
-                }
-            }
+            draw_digits(s, x0 as i64, y0 as i64, &mut |x, y| put(x as usize, y as usize, [0, 0, 0], img));
         };
     let max = counts.iter().copied().max().unwrap_or(0).max(1);
     for (i, &c) in counts.iter().enumerate() {

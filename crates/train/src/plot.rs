@@ -1,7 +1,7 @@
-//! Line charts as PNG without a plotting crate (the digits-only font of [`crate::exit::plot_histogram`]): panels
+//! Line charts as PNG without a plotting crate (the digits-only font of [`crate::exit::plot_histogram`], [`draw_digits`]): panels
 //! side by side, each with its own y range, dotted reference lines, and one coloured polyline per series.
 
-use crate::exit::{write_png, DIGITS};
+use crate::exit::{draw_digits, write_png};
 use crate::TrainError;
 use std::path::Path;
 
@@ -56,17 +56,7 @@ pub fn plot_lines(panels: &[Panel], path: &Path) -> Result<(), TrainError> {
         }
         let digits = |value: f64, x: i64, y: i64, put: &mut dyn FnMut(i64, i64, [u8; 3])| {
             let s = format!("{}", (value * panel.label_scale).round() as i64);
-            for (k, ch) in s.chars().filter_map(|c| c.to_digit(10)).enumerate() {
-                for (row, bits) in DIGITS[ch as usize].iter().enumerate() {
-                    for col in 0..3 {
-                        if bits & (4 >> col) != 0 {
-                            for (dx, dy) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
-                                put(x + k as i64 * 8 + col * 2 + dx, y + row as i64 * 2 + dy, [0, 0, 0]);
-                            }
-                        }
-                    }
-                }
-            }
+            draw_digits(&s, x, y, &mut |x, y| put(x, y, [0, 0, 0]));
         };
         let mut t = 0.0;
         while t <= panel.x_max + 1e-9 {
