@@ -9,6 +9,10 @@
 //! 3. Dot products use integer block sums scaled per block ([`kernel`]): AVX-512 VNNI, AVX2 or scalar,
 //!    chosen at run time ([`detected_isa`], env `SPECEE_KERNEL=scalar|avx2|avx512`).
 //!
+//! [`colskip`] holds column-major products that skip the columns of zero inputs (activation sparsity, issue #39):
+//! measured 2.0–2.4× dense's cost per weight read, so slower than dense below ~70% zero inputs; no model path
+//! uses them (`bench/colskip_ceiling.sh`, heads/README.md).
+//!
 //! ```
 //! use kernels::{matmul, MatmulScratch, QMatrix, ThreadPool};
 //! let pool = ThreadPool::new(2);
@@ -23,6 +27,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod blocks;
+pub mod colskip;
 pub mod dequant;
 pub(crate) mod kernel;
 pub mod matmul;
@@ -31,6 +36,7 @@ pub(crate) mod quantize;
 pub mod repack;
 pub mod screen;
 
+pub use colskip::{colskip_matvec, ColMatrix, ColScratch};
 pub use dequant::dequantize_row;
 pub use gguf::GgmlType;
 pub use matmul::{
