@@ -63,6 +63,28 @@ fn fit_curve_and_plot_on_smollm2_and_another_models_file_is_one_line() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
 
+    // Block sparsity needs no file: no share is dense; half of the down input's blocks of 32 are zeroed exactly
+    // (24 of 48 per row), in position order or grouped by channel magnitude on the calibration text.
+    for permute in [&[][..], &["--permute", calib][..]] {
+        let args: Vec<&str> = [
+            "sparsity", "curve", "-m", smol, "--blocks", "32", "--text", text, "--levels", "0,0.5", "--sites", "down",
+            "--chunks", "1", "-t", "2", "--json",
+        ]
+        .iter()
+        .chain(permute)
+        .copied()
+        .collect();
+        let o = specee(&args, Duration::from_secs(300));
+        assert!(o.status.success(), "{permute:?}: {}", stderr(&o));
+        let c: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let p = c["points"].as_array().unwrap();
+        assert_eq!((num(&p[0]["agreement"]), num(&p[0]["ppl"])), (1.0, num(&c["ppl_dense"])), "{c}");
+        assert_eq!(num(&p[1]["per_site"]["down"]), 0.5, "{c}");
+        assert_eq!(num(&p[1]["per_site"]["qkv"]), 0.0, "{c}");
+        assert!(num(&p[1]["ppl"]) > num(&c["ppl_dense"]), "{c}");
+        assert_eq!(c["blocks"], 32, "{c}");
+    }
+
     // SmolLM2's file on Gemma; a file that `fit` did not write; a bad level; an unknown site.
     let gemma = gemma3();
     let draft = workspace_root().join("heads/SmolLM2-135M-Instruct.Q4_1.draft.safetensors");

@@ -98,7 +98,7 @@ pub fn load(path: &Path, engine: &Engine, model_path: &Path) -> Result<ActHistog
         )));
     }
     let counts = t.data().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap()).max(0.0) as u64).collect();
-    Ok(ActHistograms { n_layers, counts })
+    Ok(ActHistograms { n_layers, counts, channel_abs: vec![Vec::new(); n_layers * SITES] })
 }
 
 /// Bytes of the layers' weight matrices each [`Site`] feeds (Q+K+V, O, gate+up, down, summed over layers) and of
@@ -143,6 +143,29 @@ pub struct CurvePoint {
     pub agreement: f64,
 }
 
+/// How [`curve`] turns a target share per [`Site`] into zeroed inputs.
+#[derive(Clone, Debug)]
+pub enum Sparsifier<'a> {
+    /// Magnitude thresholds from a calibration file ([`ActHistograms::thresholds_per_site`]): element sparsity.
+    Fitted(&'a ActHistograms),
+    /// Per row, the share of blocks of this many consecutive inputs with the smallest norm
+    /// ([`model::BlockSparsity`]): no calibration; with channel orders (from a recording's
+    /// [`ActHistograms::channel_orders`]), blocks of channels of similar mean magnitude instead.
+    Blocks(usize, Option<std::sync::Arc<Vec<[Vec<u32>; SITES]>>>),
+}
+
+impl Sparsifier<'_> {
+    fn settings(&self, n_layers: usize, target: [f64; SITES]) -> model::ActThresholds {
+        match self {
+            Sparsifier::Fitted(hist) => hist.thresholds_per_site(target),
+            Sparsifier::Blocks(size, order) => model::ActThresholds {
+                layers: vec![[0.0; SITES]; n_layers],
+                blocks: Some(model::BlockSparsity { size: *size, share: target, order: order.clone() }),
+            },
+        }
+    }
+}
+
 /// What [`curve`] measured.
 #[derive(Clone, Debug)]
 pub struct Curve {
@@ -152,12 +175,12 @@ pub struct Curve {
     pub seconds: f64,
 }
 
-/// Teacher-forced quality of every `targets` setting (a share per [`Site`]; thresholds from `hist`) on `text`,
+/// Teacher-forced quality of every `targets` setting (a share per [`Site`], applied by `how`) on `text`,
 /// chunked as `specee perplexity` (the second half of each chunk scored); `progress(done, total)` per chunk forward.
 /// The model is dense again afterwards.
 pub fn curve(
     engine: &mut Engine,
-    hist: &ActHistograms,
+    how: Sparsifier<'_>,
     targets: &[[f64; SITES]],
     text: &str,
     ctx: usize,
@@ -196,7 +219,7 @@ pub fn curve(
     let mut points = Vec::with_capacity(targets.len());
     let mut sparse = || -> Result<(), EngineError> {
         for &target in targets {
-            engine.model.set_act_sparsity(Some(hist.thresholds_per_site(target)))?;
+            engine.model.set_act_sparsity(Some(how.settings(engine.model.config.n_layers, target)))?;
             ws.reset_act_counts();
             let (top, nll) = pass(engine, &mut ws)?;
             let counts = ws.act_counts();

@@ -16,7 +16,7 @@ use crate::blocks::{glu_in_place, rms_norm, rms_norm_in_place, rope_angles, rope
 use crate::config::Config;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
-use crate::sparsity::{sparsify, ActCounts, ActHistograms, ActThresholds, Site};
+use crate::sparsity::{sparsify, sparsify_blocks, ActCounts, ActHistograms, ActThresholds, Site};
 use crate::weights::{Matrix, Weights};
 use crate::workspace::{grow, Workspace};
 use gguf::GgufFile;
@@ -802,7 +802,8 @@ impl Model {
 }
 
 /// The input `x` of `site`'s products in layer `il`: recorded (before zeroing) while a recording is on, then
-/// zeroed below the layer's threshold where activation sparsity is set, the zeroed entries counted ([`ActCounts::add`]).
+/// zeroed below the layer's threshold (or its smallest blocks, [`ActThresholds::blocks`]) where activation
+/// sparsity is set, the zeroed entries counted ([`ActCounts::add`]).
 #[inline]
 fn act_input(
     act: Option<&ActThresholds>,
@@ -814,10 +815,16 @@ fn act_input(
     counts: &mut ActCounts,
 ) {
     if let Some(h) = record {
-        h.record(il, site, x);
+        h.record(il, site, x, rows);
     }
     if let Some(t) = act {
-        let zeroed = sparsify(x, t.get(il, site));
+        let zeroed = match &t.blocks {
+            Some(b) => {
+                let order = b.order.as_ref().and_then(|o| o.get(il)).map(|o| o[site as usize].as_slice());
+                sparsify_blocks(x, rows, b.size, b.share[site as usize], order)
+            }
+            None => sparsify(x, t.get(il, site)),
+        };
         counts.add(site, x, rows, zeroed);
     }
 }

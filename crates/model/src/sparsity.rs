@@ -10,6 +10,11 @@
 //! model, from which [`ActHistograms::thresholds`] reads the magnitude below which a share `s` of the entries lies.
 //! The same `s` at every site is also the share of every matrix's columns (so of the layers' weight bytes) a
 //! column-skipping kernel would not read: the model-wide sparsity.
+//!
+//! [`BlockSparsity`] is the structured variant (an experiment): per row, the blocks of 32 inputs with the smallest
+//! norm are zeroed, optionally with the channels grouped by mean magnitude ([`ActHistograms::channel_orders`]).
+//! Dense kernels could skip those blocks without another weight layout; measured far worse in quality
+//! (heads/README.md).
 
 /// Which weight product an activation feeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,10 +45,29 @@ impl Site {
     }
 }
 
-/// Magnitude thresholds per layer and [`Site`]: an input entry with `|x| < t` is zeroed (`t = 0`: none is).
+/// Magnitude thresholds per layer and [`Site`]: an input entry with `|x| < t` is zeroed (`t = 0`: none is); or,
+/// with `blocks`, block sparsity instead.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ActThresholds {
     pub layers: Vec<[f32; SITES]>,
+    /// Block sparsity (an experiment, issue #39): when set, the thresholds are not used; each input row is cut into
+    /// blocks of `size` consecutive entries and the share `share[site]` of them with the smallest L2 norm is
+    /// zeroed. A dense kernel can skip an all-zero block of activations (its quantized block sums to nothing)
+    /// without any change of weight layout, which element sparsity cannot offer.
+    pub blocks: Option<BlockSparsity>,
+}
+
+/// Per-row block sparsity ([`ActThresholds::blocks`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockSparsity {
+    /// Entries per block (32: one quantization block of the legacy types).
+    pub size: usize,
+    /// The share of each row's blocks zeroed, per [`Site`].
+    pub share: [f64; SITES],
+    /// Blocks of consecutive inputs (`None`), or of consecutive entries of a permutation of the inputs per layer
+    /// and site (`order[il][site]`, e.g. [`ActHistograms::channel_orders`]: inputs often small side by side), as
+    /// a model whose weight columns were permuted the same way at load would hold them.
+    pub order: Option<std::sync::Arc<Vec<[Vec<u32>; SITES]>>>,
 }
 
 impl ActThresholds {
@@ -68,6 +92,39 @@ pub fn sparsify(x: &mut [f32], t: f32) -> usize {
     zeroed
 }
 
+/// Zeroes, in each of the `rows` rows of `x`, the `share` of its blocks of `size` entries with the smallest L2
+/// norm (ties broken by position; a row's trailing partial block is never zeroed); returns the entries zeroed.
+/// With `order` (a permutation of a row's entries), block `b` is the entries `order[b · size .. (b + 1) · size]`.
+pub fn sparsify_blocks(x: &mut [f32], rows: usize, size: usize, share: f64, order: Option<&[u32]>) -> usize {
+    if rows == 0 || size == 0 || share <= 0.0 {
+        return 0;
+    }
+    let width = x.len() / rows;
+    let nb = width / size;
+    let k = ((share.min(1.0) * nb as f64).round() as usize).min(nb);
+    if k == 0 {
+        return 0;
+    }
+    let order = order.filter(|o| o.len() == width);
+    let members = |b: usize| match order {
+        Some(o) => o[b * size..(b + 1) * size].iter().map(|&i| i as usize).collect::<Vec<_>>(),
+        None => (b * size..(b + 1) * size).collect(),
+    };
+    let blocks: Vec<Vec<usize>> = (0..nb).map(members).collect();
+    let mut norms: Vec<(f32, usize)> = Vec::with_capacity(nb);
+    for row in x.chunks_exact_mut(width) {
+        norms.clear();
+        norms.extend(blocks.iter().map(|b| b.iter().map(|&i| row[i] * row[i]).sum::<f32>()).zip(0..));
+        if k < nb {
+            norms.select_nth_unstable_by(k, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        }
+        for &(_, b) in &norms[..k] {
+            blocks[b].iter().for_each(|&i| row[i] = 0.0);
+        }
+    }
+    rows * k * size
+}
+
 /// Histogram bins per layer and site: `log2 |x|` from [`LOG2_MIN`] in steps of `1 / PER_OCTAVE`.
 pub const BINS: usize = 1280;
 const PER_OCTAVE: f32 = 32.0;
@@ -82,6 +139,8 @@ pub struct ActHistograms {
     pub n_layers: usize,
     /// `counts[(il * SITES + site) * BINS + bin]`.
     pub counts: Vec<u64>,
+    /// `channel_abs[il * SITES + site][i]`: Σ |x_i| over the recorded rows (per input channel; not saved to files).
+    pub channel_abs: Vec<Vec<f64>>,
 }
 
 #[inline]
@@ -105,11 +164,15 @@ fn lower_edge(b: usize) -> f32 {
 
 impl ActHistograms {
     pub fn new(n_layers: usize) -> ActHistograms {
-        ActHistograms { n_layers, counts: vec![0; n_layers * SITES * BINS] }
+        ActHistograms {
+            n_layers,
+            counts: vec![0; n_layers * SITES * BINS],
+            channel_abs: vec![Vec::new(); n_layers * SITES],
+        }
     }
 
-    /// Adds the entries of `x` (the input of `site` in layer `il`).
-    pub fn record(&mut self, il: usize, site: Site, x: &[f32]) {
+    /// Adds the entries of `x` (`rows` rows: the input of `site` in layer `il`).
+    pub fn record(&mut self, il: usize, site: Site, x: &[f32], rows: usize) {
         if il >= self.n_layers {
             return;
         }
@@ -117,12 +180,40 @@ impl ActHistograms {
         for &v in x {
             hist[bin_of(v)] += 1;
         }
+        if let Some(width) = x.len().checked_div(rows).filter(|&w| w > 0) {
+            let sums = &mut self.channel_abs[il * SITES + site as usize];
+            sums.resize(width, 0.0);
+            for row in x.chunks_exact(width) {
+                sums.iter_mut().zip(row).for_each(|(s, v)| *s += f64::from(v.abs()));
+            }
+        }
+    }
+
+    /// Per layer and site, the input channels from the smallest mean magnitude to the largest (channels never
+    /// recorded: an empty order).
+    pub fn channel_orders(&self) -> Vec<[Vec<u32>; SITES]> {
+        (0..self.n_layers)
+            .map(|il| {
+                Site::ALL.map(|site| {
+                    let sums = &self.channel_abs[il * SITES + site as usize];
+                    let mut order: Vec<u32> = (0..sums.len() as u32).collect();
+                    order.sort_by(|&a, &b| sums[a as usize].total_cmp(&sums[b as usize]).then(a.cmp(&b)));
+                    order
+                })
+            })
+            .collect()
     }
 
     /// Adds another recording of the same model.
     pub fn merge(&mut self, other: &ActHistograms) {
         assert_eq!(self.counts.len(), other.counts.len(), "histograms of different models");
         self.counts.iter_mut().zip(&other.counts).for_each(|(a, b)| *a += b);
+        for (a, b) in self.channel_abs.iter_mut().zip(&other.channel_abs) {
+            if a.len() < b.len() {
+                a.resize(b.len(), 0.0);
+            }
+            a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        }
     }
 
     /// Entries recorded for layer `il` at `site`.
@@ -165,6 +256,7 @@ impl ActHistograms {
             layers: (0..self.n_layers)
                 .map(|il| Site::ALL.map(|site| self.threshold(il, site, s[site as usize])))
                 .collect(),
+            blocks: None,
         }
     }
 }
@@ -229,6 +321,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn block_sparsity_zeroes_the_smallest_blocks_of_each_row() {
+        // Two rows of three blocks of 2 (norms² row 0: 25, 1, 8; row 1: 0, 50, 2) and a trailing entry.
+        let mut x = vec![3.0, 4.0, 1.0, 0.0, 2.0, -2.0, 9.0, 0.0, 0.0, 5.0, 5.0, 1.0, 1.0, 9.0];
+        assert_eq!(sparsify_blocks(&mut x, 2, 2, 0.5, None), 8);
+        assert_eq!(x, [3.0, 4.0, 0.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 5.0, 5.0, 0.0, 0.0, 9.0]);
+        let mut y = vec![1.0; 64];
+        assert_eq!(sparsify_blocks(&mut y, 1, 32, 0.0, None), 0);
+        assert_eq!(sparsify_blocks(&mut y, 1, 32, 1.0, None), 64);
+        assert!(y.iter().all(|&v| v == 0.0));
+        // Permuted blocks: {0, 3} and {1, 2} of [1, 5, 5, 1]: the first is the smaller.
+        let mut z = vec![1.0, 5.0, 5.0, 1.0];
+        assert_eq!(sparsify_blocks(&mut z, 1, 2, 0.5, Some(&[0, 3, 1, 2])), 2);
+        assert_eq!(z, [0.0, 5.0, 5.0, 0.0]);
+        // Channel orders follow the recorded mean magnitudes.
+        let mut h = ActHistograms::new(1);
+        h.record(0, Site::O, &[3.0, -1.0, 2.0, 0.5, 1.0, 1.0], 2);
+        assert_eq!(h.channel_orders()[0][Site::O as usize], [1, 2, 0]);
+        assert!(h.channel_orders()[0][Site::Qkv as usize].is_empty());
+    }
+
+    #[test]
     fn sparsify_zeroes_exactly_the_small_entries() {
         let mut x = [0.5, -0.05, 0.1, -2.0, 0.0, 0.09];
         assert_eq!(sparsify(&mut x, 0.1), 3);
@@ -251,7 +364,7 @@ mod tests {
             })
             .collect();
         let mut h = ActHistograms::new(2);
-        h.record(1, Site::Down, &values);
+        h.record(1, Site::Down, &values, 1);
         assert_eq!(h.total(1, Site::Down), 10_000);
         assert_eq!(h.total(0, Site::Down), 0);
         for s in [0.1, 0.25, 0.5, 0.9] {

@@ -261,7 +261,7 @@ fn activation_sparsity_zeroes_the_fitted_share_and_nothing_at_zero() {
         assert_eq!(rec.total(0, Site::GateUp), (TOKENS.len() * m.config.n_embd) as u64);
         assert_eq!(rec.total(0, Site::Down), (TOKENS.len() * m.config.n_ff) as u64);
 
-        m.set_act_sparsity(Some(ActThresholds { layers: vec![[0.0; SITES]; n_layers] })).unwrap();
+        m.set_act_sparsity(Some(ActThresholds { layers: vec![[0.0; SITES]; n_layers], blocks: None })).unwrap();
         let mut kv = m.new_cache(32);
         let zero = m.forward(&TOKENS, &mut kv, &mut ws, &mut h, Logits::All).unwrap().to_vec();
         assert_eq!(zero, dense, "{arch}: zero thresholds must change nothing");
@@ -279,7 +279,9 @@ fn activation_sparsity_zeroes_the_fitted_share_and_nothing_at_zero() {
         let all = c.share(None, [1.0; SITES]);
         assert!((all - 0.4).abs() < 0.15, "{arch}: {all:.3} of all inputs zeroed, fitted for 0.4");
 
-        let err = m.set_act_sparsity(Some(ActThresholds { layers: vec![[0.0; SITES]; n_layers + 1] })).unwrap_err();
+        let err = m
+            .set_act_sparsity(Some(ActThresholds { layers: vec![[0.0; SITES]; n_layers + 1], blocks: None }))
+            .unwrap_err();
         assert!(err.to_string().contains("thresholds for 4 layers, but the model has 3"), "{err}");
         m.set_act_sparsity(None).unwrap();
         let mut kv = m.new_cache(32);

@@ -8,6 +8,9 @@
 //!   sparsity actually reached (model-wide by weight columns, per matrix input, and over groups of 2 / 4 / 8
 //!   consecutive rows: the columns a tree verification of that many rows could skip). `--sites` sparsifies only
 //!   some matrix inputs; `--mix o=0.5,down=0.5` adds a point with a share per input. With `--json` one object.
+//!   `--blocks N` (instead of `--file`) measures block sparsity: per row, the share of blocks of N inputs with the
+//!   smallest norm is zeroed (a dense kernel could skip all-zero activation blocks); `--permute CALIB` forms the
+//!   blocks from channels of similar mean magnitude on calibration text.
 //! - `plot OUT.png CURVE.json…`: the curves of several `curve --json` outputs, one colour per model, left the
 //!   perplexity increase (%, clipped at 30%; dotted: +3%), right the agreement with dense (%, dotted: 98%), both against the
 //!   sparsity reached (%).
@@ -56,9 +59,17 @@ pub struct FitArgs {
 pub struct CurveArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The file `sparsity fit` wrote for this model.
-    #[arg(long)]
-    pub file: PathBuf,
+    /// The file `sparsity fit` wrote for this model (element sparsity by fitted thresholds).
+    #[arg(long, required_unless_present = "blocks", conflicts_with = "blocks")]
+    pub file: Option<PathBuf>,
+    /// Block sparsity instead (an experiment): per row, zero the share of blocks of N consecutive inputs with the
+    /// smallest norm (no calibration file).
+    #[arg(long, value_name = "N")]
+    pub blocks: Option<usize>,
+    /// With `--blocks`: group input channels into blocks by their mean magnitude on this calibration text (16
+    /// chunks, dense) instead of by position, as a model with permuted weight columns would.
+    #[arg(long, value_name = "TEXT", requires = "blocks")]
+    pub permute: Option<PathBuf>,
     /// Held-out text.
     #[arg(long)]
     pub text: PathBuf,
@@ -164,15 +175,32 @@ fn curve(a: CurveArgs) -> anyhow::Result<()> {
     }
     let text = read_text(&a.text)?;
     let (mut eng, path) = a.model.load_with_path()?;
-    let hist = engine::act_sparsity::load(&a.file, &eng, &path)?;
+    let hist = match &a.file {
+        Some(file) => Some(engine::act_sparsity::load(file, &eng, &path)?),
+        None => None,
+    };
+    let order = match &a.permute {
+        Some(calib) => {
+            let calib = read_text(calib)?;
+            let rec = engine::act_sparsity::fit(&eng, &calib, a.ctx, 16, a.model.threads(), |_, _| {})?;
+            Some(std::sync::Arc::new(rec.channel_orders()))
+        }
+        None => None,
+    };
+    let how = match (&hist, a.blocks) {
+        (Some(h), _) => engine::act_sparsity::Sparsifier::Fitted(h),
+        (None, Some(n)) if n >= 1 => engine::act_sparsity::Sparsifier::Blocks(n, order),
+        (None, _) => anyhow::bail!("--blocks: a block holds at least 1 input"),
+    };
     let quiet = a.json;
-    let c =
-        engine::act_sparsity::curve(&mut eng, &hist, &targets, &text, a.ctx, a.chunks, a.model.threads(), |d, n| {
-            if !quiet {
-                eprint!("\rforwards [{d}/{n}]   ");
-                let _ = std::io::stderr().flush();
-            }
-        })?;
+    let c = engine::act_sparsity::curve(&mut eng, how, &targets, &text, a.ctx, a.chunks, a.model.threads(), |d, n| {
+        if !quiet {
+            eprint!("\rforwards [{d}/{n}]   ");
+            let _ = std::io::stderr().flush();
+        }
+    })?;
+    let file_name =
+        a.file.as_ref().map_or_else(|| format!("blocks of {}", a.blocks.unwrap_or(0)), |f| f.display().to_string());
     let sites = Site::ALL.map(|s| s.name());
     if a.json {
         let points: Vec<_> = c
@@ -194,7 +222,7 @@ fn curve(a: CurveArgs) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::json!({
-                "model": path.display().to_string(), "file": a.file.display().to_string(),
+                "model": path.display().to_string(), "file": file_name, "blocks": a.blocks,
                 "text": a.text.display().to_string(), "ctx": a.ctx, "positions": c.positions,
                 "ppl_dense": c.ppl_dense, "points": points, "seconds": c.seconds,
             })
