@@ -142,58 +142,5 @@ fn read_bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-/// Column-skipping products (`kernels::colskip`) against the dense interleaved kernel on the same matrix, one
-/// activation row with 0 / 30 / 50 / 70% of its inputs zero (random positions). 24 copies of each matrix are cycled
-/// through (larger than L2, as a model's layers are), so the weights stream from L3 or memory, not L2.
-fn colskip(c: &mut Criterion) {
-    let pool = ThreadPool::new(threads());
-    let shapes = [(GgmlType::Q4_1, 576, 1536), (GgmlType::Q4_1, 576, 576), (GgmlType::Q4_1, 1536, 576)];
-    let mut group = c.benchmark_group(format!("colskip_t{}_{}", pool.n_threads(), kernels::detected_isa()));
-    group.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
-    const COPIES: usize = 24;
-    for (ty, rows, cols) in shapes {
-        let raw: Vec<Vec<u8>> = (0..COPIES).map(|_| random_matrix(ty, rows, cols)).collect();
-        let x8: Vec<Vec<u8>> = raw.iter().map(|d| kernels::repack::interleave8(ty, d, rows, cols)).collect();
-        let dense: Vec<QMatrix> = x8.iter().map(|d| QMatrix::interleaved8(ty, d, rows, cols).unwrap()).collect();
-        let col: Vec<kernels::ColMatrix> = raw
-            .iter()
-            .map(|d| kernels::ColMatrix::from_rows(&QMatrix::new(ty, d, rows, cols).unwrap()).unwrap())
-            .collect();
-        let mut out = vec![0.0; rows];
-        let mut scratch = MatmulScratch::default();
-        let mut cs = kernels::ColScratch::default();
-        for zero in [0usize, 30, 50, 70] {
-            let x: Vec<f32> = (0..cols)
-                .map(|i| {
-                    let h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
-                    if (h % 100) < zero as u64 {
-                        0.0
-                    } else {
-                        ((i * 7919) % 113) as f32 / 113.0 - 0.5
-                    }
-                })
-                .collect();
-            let name = format!("{}_{rows}x{cols}", ty.name());
-            if zero == 0 {
-                let mut k = 0;
-                group.bench_function(BenchmarkId::new(format!("{name}_dense"), zero), |b| {
-                    b.iter(|| {
-                        k = (k + 1) % COPIES;
-                        matmul(&pool, &dense[k], &x, 1, &mut out, &mut scratch)
-                    })
-                });
-            }
-            let mut k = 0;
-            group.bench_function(BenchmarkId::new(format!("{name}_col"), zero), |b| {
-                b.iter(|| {
-                    k = (k + 1) % COPIES;
-                    kernels::colskip_matvec(&pool, &col[k], &x, &mut out, &mut cs)
-                })
-            });
-        }
-    }
-    group.finish();
-}
-
-criterion_group!(benches, matvec, multi_row, read_bandwidth, colskip);
+criterion_group!(benches, matvec, multi_row, read_bandwidth);
 criterion_main!(benches);
