@@ -4,6 +4,7 @@
 # Three regimes: SmolLM2's down projection (576 x 1536) cycling through 32 MB of copies (L3, as SmolLM2's 96 MB per
 # token are here), Qwen2.5-Coder's (896 x 4864) through 800 MB (memory), and one copy on one thread (L2: compute).
 # Dense and column runs alternate; each line is the median of REPS runs (min-max). Weights are Q4_1 (random bits).
+# 576 rows run the i16 kernels, 896 the VNNI one on AVX-512 VNNI machines (SPECEE_COLSKIP_I16=1: the i16 one).
 # Usage: bench/colskip_ceiling.sh [REPS=3] [THREADS=2]; run nothing else CPU-heavy meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."

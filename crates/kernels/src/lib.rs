@@ -10,8 +10,8 @@
 //!    chosen at run time ([`detected_isa`], env `SPECEE_KERNEL=scalar|avx2|avx512`).
 //!
 //! [`colskip`] holds column-major products that skip the columns of zero inputs (activation sparsity, issue #39):
-//! measured 2.0–2.4× dense's cost per weight read, so slower than dense below ~70% zero inputs; no model path
-//! uses them (`bench/colskip_ceiling.sh`, heads/README.md).
+//! measured 1.4–2.4× dense's cost per weight read, so no faster than dense below 30–70% zero inputs; no model
+//! path uses them (`bench/colskip_ceiling.sh`, heads/README.md).
 //!
 //! ```
 //! use kernels::{matmul, MatmulScratch, QMatrix, ThreadPool};
