@@ -349,6 +349,36 @@ mod avx512 {
     use super::{ColScratch, COL_BYTES, I16_RUN, TILE, VNNI_BLOCK};
     use std::arch::x86_64::*;
 
+    /// Prefetches group `g + 1`'s non-zero columns, whole, while group `g` runs: the sweeps read 32 or 64 bytes
+    /// of every column at a time, a pattern the hardware prefetchers do not follow.
+    #[inline(always)]
+    unsafe fn prefetch_next_group(cp: *const u8, stride: usize, acts: &ColScratch, g: usize) {
+        if g + 1 < acts.groups() {
+            let (ns, ne) = (*acts.start.get_unchecked(g + 1) as usize, *acts.start.get_unchecked(g + 2) as usize);
+            for n in ns..ne {
+                let p = cp.add(*acts.idx.get_unchecked(n) as usize * stride);
+                let mut off = 0;
+                while off < stride {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
+                    off += 64;
+                }
+            }
+        }
+    }
+
+    /// `y[r..r + 16] += d · dx · sums + m · s` for 16 outputs' integer sums of one group (`sp`: the group's
+    /// scales, `d` at `sp[r..]`, `m` at `sp[rows + r..]`).
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c,fma")]
+    unsafe fn scale_into(sums: __m512i, sp: *const u16, rows: usize, r: usize, dx: __m512, s: __m512, y: &mut [f32]) {
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(r) as *const __m256i));
+        let m = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(rows + r) as *const __m256i));
+        let yp = y.as_mut_ptr().add(r);
+        let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), dx);
+        let acc = _mm512_fmadd_ps(d, t, _mm512_loadu_ps(yp));
+        _mm512_storeu_ps(yp, _mm512_fmadd_ps(m, s, acc));
+    }
+
     /// The VNNI form: per group and block of 128 outputs, the non-zero columns four at a time: their 64 code bytes
     /// interleaved byte by byte within each 128-bit lane (two rounds of unpacks, 8 shuffles per quad) so that every
     /// dword holds one code byte of each of the four columns, then split into nibbles and one `vpdpbusd` per 16
@@ -371,17 +401,7 @@ mod avx512 {
             if s == e {
                 continue;
             }
-            if g + 1 < acts.groups() {
-                let (ns, ne) = (*acts.start.get_unchecked(g + 1) as usize, *acts.start.get_unchecked(g + 2) as usize);
-                for n in ns..ne {
-                    let p = cp.add(*acts.idx.get_unchecked(n) as usize * stride);
-                    let mut off = 0;
-                    while off < stride {
-                        _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
-                        off += 64;
-                    }
-                }
-            }
+            prefetch_next_group(cp, stride, acts, g);
             // Quads of (column offset, packed inputs).
             let mut quads = [(0usize, 0usize, 0usize, 0usize, 0i32); 8];
             let mut nq = 0;
@@ -433,13 +453,7 @@ mod avx512 {
                     }
                 }
                 for (q, a) in acc.iter().enumerate() {
-                    let r = block * VNNI_BLOCK + 16 * q;
-                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(r) as *const __m256i));
-                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(rows + r) as *const __m256i));
-                    let yp = y.as_mut_ptr().add(r);
-                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(*a), dx);
-                    let acc = _mm512_fmadd_ps(d, t, _mm512_loadu_ps(yp));
-                    _mm512_storeu_ps(yp, _mm512_fmadd_ps(m, sum, acc));
+                    scale_into(*a, sp, rows, block * VNNI_BLOCK + 16 * q, dx, sum, y);
                 }
             }
         }
@@ -466,19 +480,7 @@ mod avx512 {
             if s == e {
                 continue;
             }
-            // The next group's non-zero columns, whole, towards L1 while this group runs: the tile sweep reads
-            // 32 bytes of every column at a time, a pattern the hardware prefetchers do not follow.
-            if g + 1 < acts.groups() {
-                let (ns, ne) = (*acts.start.get_unchecked(g + 1) as usize, *acts.start.get_unchecked(g + 2) as usize);
-                for n in ns..ne {
-                    let p = cp.add(*acts.idx.get_unchecked(n) as usize * stride);
-                    let mut off = 0;
-                    while off < stride {
-                        _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
-                        off += 64;
-                    }
-                }
-            }
+            prefetch_next_group(cp, stride, acts, g);
             let sp = scales.as_ptr().add(g * 2 * rows);
             let dx = _mm512_set1_ps(*acts.d.get_unchecked(g));
             let sum = _mm512_set1_ps(*acts.s.get_unchecked(g));
@@ -503,13 +505,7 @@ mod avx512 {
                     wide[3] = _mm512_add_epi32(wide[3], _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(hi, 1)));
                 }
                 for (q, w) in wide.iter().enumerate() {
-                    let r = tile * TILE + 16 * q;
-                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(r) as *const __m256i));
-                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(sp.add(rows + r) as *const __m256i));
-                    let yp = y.as_mut_ptr().add(r);
-                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(*w), dx);
-                    let acc = _mm512_fmadd_ps(d, t, _mm512_loadu_ps(yp));
-                    _mm512_storeu_ps(yp, _mm512_fmadd_ps(m, sum, acc));
+                    scale_into(*w, sp, rows, tile * TILE + 16 * q, dx, sum, y);
                 }
             }
         }
