@@ -192,15 +192,6 @@ impl ColScratch {
         self.start.push(self.idx.len() as u32);
     }
 
-    /// Share of the last row's inputs whose columns were skipped.
-    pub fn zero_share(&self) -> f64 {
-        if self.qs.is_empty() {
-            0.0
-        } else {
-            1.0 - self.idx.len() as f64 / self.qs.len() as f64
-        }
-    }
-
     fn groups(&self) -> usize {
         self.start.len().saturating_sub(1)
     }
