@@ -19,6 +19,8 @@ use gguf::GgmlType;
 const ROW_CHUNK: usize = 16;
 // The head screen hands `product` groups of 16 interleaved rows: pieces must hold whole groups.
 const _: () = assert!(ROW_CHUNK % crate::screen::GROUP == 0);
+/// Most activation rows of one kernel call, any kernel.
+const MAX_TILE: usize = if TILE > 16 { TILE } else { 16 };
 /// Below this many weight bytes × activation tiles the product runs on the calling thread only.
 const SERIAL_BYTES: usize = 24 * 1024;
 
@@ -237,15 +239,35 @@ unsafe fn rows_work(
     out_ptr: OutPtr,
 ) {
     let (rows, rb) = (w.rows, w.row_bytes);
-    let mut tile = [0.0f32; ROW_CHUNK * TILE];
+    // The AMX kernels take up to 16 activation rows a call, the others up to TILE; a remainder of fewer than
+    // MIN_ROWS rows goes to the groups kernel (the two give bit-identical results).
+    #[cfg(target_arch = "x86_64")]
+    let (tiles, kernel, tile_rows) = match kernel {
+        Kernel::Tiles { tiles, groups } if n_tokens >= crate::kernel::amx::MIN_ROWS => {
+            (Some(tiles), Kernel::Groups(groups), crate::kernel::amx::ROWS)
+        }
+        Kernel::Tiles { groups, .. } => (None, Kernel::Groups(groups), TILE),
+        k => (None, k, TILE),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (tiles, tile_rows): (Option<crate::kernel::GroupKernel>, usize) = (None, TILE);
+    let mut tile = [0.0f32; ROW_CHUNK * MAX_TILE];
     let mut r0 = row_range.start;
     while r0 < row_range.end {
         let r1 = (r0 + ROW_CHUNK).min(row_range.end);
         let wr = &w.data[r0 * rb..r1 * rb];
         let mut t0 = 0;
         while t0 < n_tokens {
-            let nt = (n_tokens - t0).min(TILE);
+            let mut nt = (n_tokens - t0).min(tile_rows);
             let nr = r1 - r0;
+            let kernel = match tiles {
+                #[cfg(target_arch = "x86_64")]
+                Some(tiles) if nt >= crate::kernel::amx::MIN_ROWS => Kernel::Groups(tiles),
+                _ => {
+                    nt = nt.min(TILE);
+                    kernel
+                }
+            };
             let buf = &mut tile[..nr * nt];
             match kernel {
                 Kernel::Rows(kernel) => {
@@ -272,10 +294,16 @@ unsafe fn rows_work(
                         }
                     }
                 }
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Tiles { .. } => unreachable!("resolved above"),
             }
             t0 += nt;
         }
         r0 = r1;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if tiles.is_some() {
+        crate::kernel::amx::release();
     }
 }
 

@@ -475,10 +475,17 @@ fn interleaved_kernels_write_only_their_outputs() {
             let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
             let kind = act_kind(ty).unwrap();
             for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
-                let Some(kernel::Kernel::Groups(group)) = kernel::kernel_for(isa, ty, Layout::Interleaved8) else {
+                let Some(group) = kernel::group_kernel(isa, ty) else {
                     continue;
                 };
-                for nt in [1, 3, 8] {
+                // (kernel, most activation rows a call): the AMX tile kernel too where the CPU can run it.
+                let mut groups = vec![(group, kernel::TILE)];
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 && kernel::amx::hardware() {
+                    groups.extend(kernel::amx::group_kernel(ty).map(|g| (g, kernel::amx::ROWS)));
+                }
+                let calls = groups.into_iter().flat_map(|(g, most)| [1, 3, 8, 16].map(|nt| (g, nt, most)));
+                for (group, nt, _) in calls.filter(|&(_, nt, most)| nt <= most) {
                     let x = random_x(nt * cols, &mut rng);
                     let mut buf = ActBuffers::default();
                     buf.reserve(kind, nt, cols);
@@ -492,6 +499,41 @@ fn interleaved_kernels_write_only_their_outputs() {
                         let owned = i < len && i % stride < rows;
                         assert_eq!(*v == f32::MAX, !owned, "{ty} {isa:?} rows {rows} nt {nt}: element {i} = {v}");
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The AMX tile kernels (opt-in, `SPECEE_AMX=1`) give the VNNI kernels' results bit for bit through the product's
+/// dispatch (tiles of 16 activation rows, a remainder below `MIN_ROWS` on VNNI), with an odd last group, for every
+/// token count up to 40. Runs only where the CPU and OS can run AMX.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_tiles_equal_the_vnni_kernels_bit_for_bit() {
+    use crate::kernel::{amx, group_kernel, Kernel};
+    use crate::matmul::{product, RawRows};
+    if !amx::hardware() {
+        eprintln!("no AMX here: skipped");
+        return;
+    }
+    let mut rng = Rng(0x0a3c_5e11_7a9e_0001);
+    let pool = ThreadPool::new(2);
+    let mut scratch = MatmulScratch::default();
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let kind = act_kind(ty).unwrap();
+        let (groups, tiles) = (group_kernel(Isa::Avx512, ty).unwrap(), amx::group_kernel(ty).unwrap());
+        for (rows, cols) in [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)] {
+            let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
+            let w = RawRows { data: &data, rows, row_bytes: data.len() / rows };
+            let x = random_x(40 * cols, &mut rng);
+            for n in [1, 4, 9, 10, 11, 16, 17, 25, 26, 40] {
+                let (mut got, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+                let both = Kernel::Tiles { groups, tiles };
+                product(&pool, both, kind, w, &x[..n * cols], cols, n, &mut got, &mut scratch);
+                product(&pool, Kernel::Groups(groups), kind, w, &x[..n * cols], cols, n, &mut want, &mut scratch);
+                for i in 0..n * rows {
+                    assert_eq!(got[i].to_bits(), want[i].to_bits(), "{ty} {rows}x{cols} n={n} i={i}");
                 }
             }
         }

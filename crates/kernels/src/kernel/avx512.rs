@@ -448,7 +448,7 @@ unsafe fn for_group_pairs(
 /// (`second == 0`, see [`for_group_pairs`]).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn store_pair_rows<const G: usize>(acc: &[__m512; G], second: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn store_pair_rows<const G: usize>(acc: &[__m512; G], second: usize, out: *mut f32, stride: usize) {
     let mask: __mmask16 = if second == 0 { 0x00FF } else { 0xFFFF };
     for (j, acc) in acc.iter().enumerate() {
         _mm512_mask_storeu_ps(out.add(j * stride), mask, *acc);
@@ -458,7 +458,7 @@ unsafe fn store_pair_rows<const G: usize>(acc: &[__m512; G], second: usize, out:
 /// The 16 values at `b0 + off` (8 f16) and `b1 + off` (8 f16) as floats: two interleaved groups' scales.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 #[inline]
-unsafe fn pair_f16(b0: *const u8, b1: *const u8, off: usize) -> __m512 {
+pub(super) unsafe fn pair_f16(b0: *const u8, b1: *const u8, off: usize) -> __m512 {
     let lo = _mm_loadu_si128(b0.add(off) as *const __m128i);
     let hi = _mm_loadu_si128(b1.add(off) as *const __m128i);
     _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
@@ -467,7 +467,7 @@ unsafe fn pair_f16(b0: *const u8, b1: *const u8, off: usize) -> __m512 {
 /// Register `off` of group `b0` and the same register of group `b1` side by side: 16 rows' 4 values each.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn pair_reg(b0: *const u8, b1: *const u8, off: usize) -> __m512i {
+pub(super) unsafe fn pair_reg(b0: *const u8, b1: *const u8, off: usize) -> __m512i {
     let lo = _mm256_loadu_si256(b0.add(off) as *const __m256i);
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_loadu_si256(b1.add(off) as *const __m256i))
 }

@@ -7,6 +7,8 @@
 //! [`scalar`].
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
@@ -71,13 +73,26 @@ pub(crate) enum Kernel {
     /// Groups of rows interleaved block by block: 8 rows for the matmuls ([`crate::repack`]), 16 for the head
     /// screen ([`crate::screen`]). The products hand it pieces of whole groups (`ROW_CHUNK`, 16 rows).
     Groups(GroupKernel),
+    /// Groups of 8 rows with two kernels giving bit-identical results: `tiles` (AMX, up to [`amx::ROWS`]
+    /// activation rows a call) for products of at least [`amx::MIN_ROWS`] activation rows, `groups` below.
+    #[cfg(target_arch = "x86_64")]
+    Tiles { groups: GroupKernel, tiles: GroupKernel },
 }
 
 /// The kernel for weights of type `ty` in `layout` on level `isa` (falls back to scalar).
 pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Option<Kernel> {
     match layout {
         crate::Layout::Rows => row_kernel(isa, ty).map(Kernel::Rows),
-        crate::Layout::Interleaved8 => group_kernel(isa, ty).map(Kernel::Groups),
+        crate::Layout::Interleaved8 => {
+            let groups = group_kernel(isa, ty)?;
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx512 && amx::available() {
+                if let Some(tiles) = amx::group_kernel(ty) {
+                    return Some(Kernel::Tiles { groups, tiles });
+                }
+            }
+            Some(Kernel::Groups(groups))
+        }
     }
 }
 
