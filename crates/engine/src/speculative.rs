@@ -190,6 +190,14 @@ impl Proposer for AnyProposer {
             AnyProposer::Dense => decode::speculative::FeatureSource::FinalNorm,
         }
     }
+    fn needs_feature_history(&self) -> bool {
+        match self {
+            AnyProposer::Eagle(p) => p.needs_feature_history(),
+            AnyProposer::Published(p) => p.needs_feature_history(),
+            AnyProposer::Ngram(p) => p.needs_feature_history(),
+            AnyProposer::Dense => false,
+        }
+    }
     fn propose(
         &mut self,
         context: &decode::speculative::DraftContext<'_>,
@@ -431,7 +439,7 @@ impl TreeSteps for decode::specee::MergedDecoder<'_> {
 }
 
 /// A decoding error as an engine error (model errors keep their type).
-pub(crate) fn speculative_error(e: decode::speculative::SpeculativeError) -> EngineError {
+pub fn speculative_error(e: decode::speculative::SpeculativeError) -> EngineError {
     match e {
         decode::speculative::SpeculativeError::Model(m) => EngineError::Model(m),
         other => EngineError::Speculative(other.to_string()),

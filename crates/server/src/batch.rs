@@ -12,16 +12,24 @@
 //! [`PrefixCache`] (bounded, `--prefix-cache` tokens), from which a later prompt sharing a prefix — the same
 //! system prompt, the earlier turns of a chat — copies that prefix instead of computing it again.
 //!
-//! Requests in a speculative mode are decoded as dense rows here (lossless: eagle's greedy output is dense's);
-//! per-request draft trees are not batched yet. The answer's `specee.mode` says `dense`.
+//! Speculation: a greedy `eagle` request (no grammar, no log probabilities) that is **alone** in the server goes on
+//! with the draft head's trees ([`SpeculativeDecoder::resume`] takes over its cache, the workspace, and the
+//! final-normed state of its last row, all an MLP head reads), so a single user keeps eagle's speed; when another
+//! request is admitted it goes back to one dense row per forward, its cache holding every committed token but the
+//! last, as a dense request's does. Both are lossless, so the tokens are dense greedy's either way; its answer says
+//! `eagle` when any tree ran, with the forwards it took. Other speculative requests, and eagle requests that are
+//! never alone, are decoded as dense rows (the answer says `dense`); trees of several requests in one forward are
+//! not built yet.
 
 use crate::holdback::Holdback;
 use crate::metrics::Observe;
 use crate::mode::{DecodeStats, Mode};
 use crate::request::GenerationRequest;
 use crate::scheduler::{panic_error, stream_piece, Event, Job, Shared};
+use decode::speculative::{DraftHead, FeatureSource, SpeculativeDecoder};
 use decode::Sampler;
 use decode::TokenConstraint;
+use engine::speculative::AnyProposer;
 use engine::{Emitter, FinishReason, GenerateParams};
 use model::{KvCache, Workspace};
 use std::collections::VecDeque;
@@ -126,7 +134,14 @@ impl PrefixCache {
 pub(crate) struct Batcher {
     shared: Arc<Shared>,
     config: BatchConfig,
+    /// The draft head lone eagle requests continue with (`None`: not loaded, or a fused head, whose features the
+    /// batched forward does not keep).
+    draft: Option<Arc<DraftHead>>,
+    datastore: Option<Arc<decode::speculative::Datastore>>,
 }
+
+/// A lone request's speculative decoder; it holds the request's cache and the batcher's workspace while it runs.
+type Tree<'e> = Box<SpeculativeDecoder<'e, AnyProposer>>;
 
 /// A request waiting for admission.
 struct Waiting {
@@ -163,9 +178,25 @@ struct Active<'e> {
     done: bool,
     /// Its error was answered already.
     failed: bool,
+    /// May go on with draft trees when alone: greedy `eagle`, no grammar, no log probabilities.
+    speculable: bool,
+    /// The final-normed state of the row that produced `next` (kept for speculable requests only).
+    root_feature: Vec<f32>,
+    /// While it runs alone with draft trees: the decoder, holding its cache (`kv` is then an empty stand-in).
+    tree: Option<Tree<'e>>,
+    /// Target forwards that gave it tokens (dense rows and tree steps alike), and how many were tree steps.
+    forwards: u64,
+    tree_forwards: u64,
 }
 
 impl<'e> Active<'e> {
+    /// Whether its cache is full once a token was taken: every token of the history but the last is (or, inside a
+    /// tree step, would be) in it.
+    fn cache_full(&self) -> bool {
+        let capacity = self.tree.as_ref().map_or(self.kv.capacity(), |t| t.capacity());
+        self.history.len() > capacity
+    }
+
     /// Rows this request feeds in the next forward (at most `budget` prompt rows).
     fn rows(&self, budget: usize) -> &[u32] {
         match self.next {
@@ -179,9 +210,12 @@ impl<'e> Active<'e> {
 }
 
 impl Batcher {
-    pub(crate) fn new(shared: Arc<Shared>, config: BatchConfig) -> Batcher {
+    pub(crate) fn new(shared: Arc<Shared>, config: BatchConfig, resources: &crate::mode::ModeResources) -> Batcher {
         shared.metrics.kv_budget.store(config.kv_budget, Ordering::Relaxed);
-        Batcher { shared, config }
+        // `SPECEE_BATCH_TREES=0` keeps lone requests on dense rows too (to measure what the trees bring).
+        let trees = !std::env::var("SPECEE_BATCH_TREES").is_ok_and(|v| v == "0");
+        let draft = resources.draft.clone().filter(|h| trees && h.feature_source() == FeatureSource::FinalNorm);
+        Batcher { shared, config, draft, datastore: resources.datastore.clone() }
     }
 
     /// Runs until the job channel closes and every admitted request is answered.
@@ -262,6 +296,11 @@ impl Batcher {
                 metrics.kv_reserved.store(reserved, Ordering::Relaxed);
                 let Waiting { job, prompt, params, reserve } = w;
                 let prompt_len = prompt.len();
+                let speculable = self.draft.is_some()
+                    && job.request.mode == Mode::Eagle
+                    && params.sampling.is_greedy()
+                    && params.grammar.is_none()
+                    && params.logprobs.is_none();
                 // Compiled once already when the request was checked (a bad grammar never gets here).
                 let constraint = match params.grammar.as_ref().map(|g| engine.constraint(g)).transpose() {
                     Ok(c) => c,
@@ -290,15 +329,33 @@ impl Batcher {
                     last_token: None,
                     done: false,
                     failed: false,
+                    speculable,
+                    root_feature: Vec::new(),
+                    tree: None,
+                    forwards: 0,
+                    tree_forwards: 0,
                 });
             }
             if active.is_empty() {
                 continue;
             }
 
-            // One forward over the next rows of every request.
-            let step = catch_unwind(AssertUnwindSafe(|| {
-                self.step(&mut active, &mut ws, &mut hidden, &mut normed, &mut logits)
+            // A request left alone goes on with draft trees; one that is no longer alone goes back to dense rows.
+            let alone = active.len() == 1 && waiting.is_empty();
+            for a in active.iter_mut() {
+                if a.tree.is_some() && (!alone || a.done) {
+                    self.stop_tree(a, &mut ws);
+                }
+            }
+            if alone && active[0].tree.is_none() && active[0].speculable && active[0].next.is_some() && !active[0].done
+            {
+                self.start_tree(engine, &mut active[0], &mut ws);
+            }
+
+            // One forward: the lone request's tree step, or the next rows of every request.
+            let step = catch_unwind(AssertUnwindSafe(|| match active.as_mut_slice() {
+                [a] if a.tree.is_some() => self.tree_step(a),
+                _ => self.step(&mut active, &mut ws, &mut hidden, &mut normed, &mut logits),
             }));
             if let Err(error) = step.map_err(panic_error).and_then(|r| r) {
                 // The forward failed: every request in it is answered with the error.
@@ -316,7 +373,10 @@ impl Batcher {
                     i += 1;
                     continue;
                 }
-                let a = active.swap_remove(i);
+                let mut a = active.swap_remove(i);
+                if a.tree.is_some() {
+                    self.stop_tree(&mut a, &mut ws);
+                }
                 self.finish(a, &mut prefix, &mut reserved);
             }
         }
@@ -436,6 +496,13 @@ impl Batcher {
             if is_greedy {
                 let mut out = vec![0u32; n];
                 model.head_argmax(normed, n, &mut out, ws);
+                // The draft head's input if the request goes on alone.
+                for (r, &(i, _)) in group.iter().enumerate() {
+                    if active[i].speculable {
+                        active[i].root_feature.clear();
+                        active[i].root_feature.extend_from_slice(&normed[r * d..(r + 1) * d]);
+                    }
+                }
                 next.extend(group.iter().map(|&(i, _)| i).zip(out).map(|(i, t)| (i, t, None)));
             } else {
                 logits.resize(n * vocab, 0.0);
@@ -468,7 +535,66 @@ impl Batcher {
         }
         let now = Instant::now();
         for (i, token, entry) in next {
+            active[i].forwards += 1;
             self.take(&mut active[i], token, entry, now);
+        }
+        Ok(())
+    }
+
+    /// Hands a lone speculable request's cache and the workspace to a draft-tree decoder (see the module header).
+    fn start_tree<'e>(&self, engine: &'e engine::Engine, a: &mut Active<'e>, ws: &mut Workspace) {
+        let d = engine.model.config.n_embd;
+        let Some(head) = self.draft.as_ref() else { return };
+        // The decoder's contract: every committed token but the last cached, and that token's parent's feature.
+        if a.root_feature.len() != d || a.kv.seq_len() + 1 != a.history.len() {
+            return;
+        }
+        let proposer = AnyProposer::eagle(Arc::clone(head), None, self.datastore.clone());
+        let kv = std::mem::replace(&mut a.kv, engine.model.new_cache(0));
+        let workspace = std::mem::replace(ws, Workspace::new(1));
+        let (sampling, tokens) = (a.params.sampling.clone(), a.history.clone());
+        match SpeculativeDecoder::resume(&engine.model, kv, workspace, proposer, sampling, tokens, &a.root_feature) {
+            Ok(dec) => a.tree = Some(Box::new(dec)),
+            Err(e) => {
+                // Checked above, so not expected: the request fails, the batcher gets a fresh workspace.
+                *ws = Workspace::new(self.config.threads.max(1));
+                self.shared.fail(&a.request, &a.events, crate::ApiError::internal(format!("draft trees: {e}")));
+                (a.done, a.failed) = (true, true);
+            }
+        }
+    }
+
+    /// Takes a request's cache and the workspace back from its draft-tree decoder; it goes on as dense rows. The
+    /// cache keeps only tokens of its history (a stop rule may have ended it inside a step).
+    fn stop_tree(&self, a: &mut Active<'_>, ws: &mut Workspace) {
+        let Some(dec) = a.tree.take() else { return };
+        a.tree_forwards += dec.stats().target_forwards as u64;
+        let (mut kv, workspace) = dec.into_parts();
+        kv.truncate(kv.seq_len().min(a.history.len().saturating_sub(1)));
+        (a.kv, *ws) = (kv, workspace);
+    }
+
+    /// One draft-tree step of the lone request: drafts, verifies in one target forward, and hands it the 1 to
+    /// depth + 1 tokens it commits (stop rules may end it part-way).
+    fn tree_step(&self, a: &mut Active<'_>) -> Result<(), crate::ApiError> {
+        if a.events.is_closed() {
+            a.emitter.finish = FinishReason::Cancelled;
+            a.done = true;
+            return Ok(());
+        }
+        let dec = a.tree.as_mut().expect("a tree step of a request with a tree");
+        let at_most = a.params.max_tokens.saturating_sub(a.emitter.generated.len()).max(1);
+        let committed = dec.step_at_most(at_most).map_err(engine::speculative::speculative_error)?.to_vec();
+        let metrics = &self.shared.metrics;
+        metrics.observe(Observe::BatchRows, dec.last_tree().len() as f64);
+        metrics.observe(Observe::BatchSequences, 1.0);
+        a.forwards += 1;
+        let now = Instant::now();
+        for token in committed {
+            self.take(a, token, None, now);
+            if a.done {
+                break;
+            }
         }
         Ok(())
     }
@@ -508,7 +634,7 @@ impl Batcher {
         }
         if a.emitter.generated.len() >= a.params.max_tokens {
             a.done = true;
-        } else if a.kv.seq_len() >= a.kv.capacity() {
+        } else if a.cache_full() {
             a.emitter.finish = FinishReason::ContextFull;
             a.done = true;
         }
@@ -538,6 +664,8 @@ impl Batcher {
             reserve,
             decode_start,
             failed,
+            forwards,
+            tree_forwards,
             ..
         } = a;
         if !failed {
@@ -545,8 +673,12 @@ impl Batcher {
             let mut on_text = |piece: &str| stream_piece(&request, &events, &mut holdback, tokenizer, piece);
             let generation =
                 emitter.finish(&history[..prompt_len], decode_start.unwrap_or_else(Instant::now), &mut on_text);
-            let stats = DecodeStats::dense(&generation, shared.n_layers);
-            shared.answer(&request, &events, Mode::Dense, generation, stats, &holdback);
+            let mut stats = DecodeStats::dense(&generation, shared.n_layers);
+            let mode = if tree_forwards > 0 { Mode::Eagle } else { Mode::Dense };
+            if tree_forwards > 0 {
+                stats.steps = forwards.min(stats.tokens);
+            }
+            shared.answer(&request, &events, mode, generation, stats, &holdback);
         }
         self.release(reserve, reserved);
         let fed = kv.seq_len();

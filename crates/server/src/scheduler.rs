@@ -146,7 +146,7 @@ impl Scheduler {
         // Batching: one thread runs every request. Otherwise (`--parallel 1`) one worker runs them one at a time.
         let (name, run): (String, Box<dyn FnOnce() + Send>) = match &config.batch {
             Some(batch) => {
-                let batcher = crate::batch::Batcher::new(Arc::clone(&shared), batch.clone());
+                let batcher = crate::batch::Batcher::new(Arc::clone(&shared), batch.clone(), &resources);
                 ("specee-batch".into(), Box::new(move || batcher.run(&receiver)))
             }
             None => {

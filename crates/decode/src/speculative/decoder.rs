@@ -121,6 +121,46 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         }
     }
 
+    /// A decoder that goes on with a sequence another decoder ran: `kv` holds every token of `tokens` but the
+    /// last (the root of the next step), `ws` is the workspace (and thread pool) to run on, and `root_feature` is
+    /// the feature row of `tokens[len - 2]` (for [`FeatureSource::FinalNorm`], the final-normed state of the row
+    /// that produced the root) — all a proposer that does not [`Proposer::needs_feature_history`] reads; earlier
+    /// rows stay zero. The batching server continues a request this way when it is left alone. An error when
+    /// the proposer needs more, or the cache, tokens and feature row do not agree.
+    pub fn resume(
+        model: &'m Model,
+        kv: KvCache,
+        ws: Workspace,
+        proposer: P,
+        sampling: SamplingParams,
+        tokens: Vec<u32>,
+        root_feature: &[f32],
+    ) -> Result<Self, SpeculativeError> {
+        let mut dec = SpeculativeDecoder::new(model, 0, 1, proposer, sampling);
+        let width = dec.feature_width;
+        let refuse = |why: String| Err(SpeculativeError::Proposer(why.into()));
+        if dec.proposer.needs_feature_history() {
+            return refuse("this proposer needs the features of the whole context".into());
+        }
+        if tokens.len() < 2 || kv.seq_len() + 1 != tokens.len() || root_feature.len() != width {
+            return refuse(format!(
+                "cannot resume: {} tokens, {} of them cached, a feature row of {} floats (expected {width})",
+                tokens.len(),
+                kv.seq_len(),
+                root_feature.len()
+            ));
+        }
+        dec.features = vec![0.0; (tokens.len() - 2) * width];
+        dec.features.extend_from_slice(root_feature);
+        (dec.kv, dec.ws, dec.tokens) = (kv, ws, tokens);
+        Ok(dec)
+    }
+
+    /// The cache (every committed token but the last) and the workspace, for another decoder to go on with.
+    pub fn into_parts(self) -> (KvCache, Workspace) {
+        (self.kv, self.ws)
+    }
+
     /// The model.
     pub fn model(&self) -> &'m Model {
         self.model

@@ -672,6 +672,12 @@ impl Proposer for EagleProposer {
         self.head.feature_source()
     }
 
+    /// The head drafts from the root's parent's feature alone (deeper nodes from its own predictions); the
+    /// prompt-lookup chain reads tokens only.
+    fn needs_feature_history(&self) -> bool {
+        false
+    }
+
     fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
         self.draft(context, tree, 0)?;
         // The decoder cuts the tree to its room and token limit.
@@ -684,6 +690,7 @@ impl Proposer for EagleProposer {
 pub(crate) mod tests {
     use super::*;
     use crate::{SamplingParams, SpeculativeDecoder};
+    use model::Workspace;
     use safetensors::tensor::TensorView;
     use safetensors::Dtype;
 
@@ -859,5 +866,77 @@ pub(crate) mod tests {
                 assert!(dec.stats().drafted_nodes > 0, "the head drafted nothing");
             }
         }
+    }
+
+    #[test]
+    fn a_resumed_decoder_goes_on_as_dense_from_another_decoders_cache() {
+        let tree = TreeConfig { depth: 4, top_k: 3, budget: 8, min_prob: 0.0 };
+        let head = || DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
+        for arch in ["llama", "gemma3"] {
+            let model = model::testing::tiny_model(arch, None, 11, 64);
+            let n = 40;
+            let want = crate::test_util::dense_greedy(&model, n);
+            // The same run uninterrupted: its draft trees after the first step are what the resumed one must draft
+            // (the head reads the root's parent's feature: a wrong one drafts other trees).
+            let mut whole =
+                SpeculativeDecoder::new(&model, 128, 2, EagleProposer::new(head(), tree), SamplingParams::greedy());
+            whole.feed(&crate::test_util::PROMPT).unwrap();
+            let mut trees = Vec::new();
+            let mut steps = 0;
+            while whole.tokens().len() < crate::test_util::PROMPT.len() + n {
+                whole.step_at_most(if steps == 0 { 3 } else { usize::MAX }).unwrap();
+                if steps > 0 {
+                    trees.push(whole.last_tree().nodes().iter().map(|node| node.token).collect::<Vec<_>>());
+                }
+                steps += 1;
+            }
+            let mut first =
+                SpeculativeDecoder::new(&model, 128, 2, EagleProposer::new(head(), tree), SamplingParams::greedy());
+            first.feed(&crate::test_util::PROMPT).unwrap();
+            let mut got = first.step_at_most(3).unwrap().to_vec();
+            let tokens = first.tokens().to_vec();
+            let width = first.features().len() / (tokens.len() - 1);
+            let root_feature = first.features()[first.features().len() - width..].to_vec();
+            let (kv, ws) = first.into_parts();
+            // Shapes that do not agree are refused (one token too many; a feature row too short).
+            let other = model.new_cache(128);
+            let greedy = SamplingParams::greedy;
+            let short = &root_feature[1..];
+            for (kv, toks, feature) in
+                [(other, &tokens[..], &root_feature[..]), (model.new_cache(8), &tokens[..3], short)]
+            {
+                let p = EagleProposer::new(head(), tree);
+                assert!(SpeculativeDecoder::resume(&model, kv, Workspace::new(1), p, greedy(), toks.to_vec(), feature)
+                    .is_err());
+            }
+            let proposer = EagleProposer::new(head(), tree);
+            let mut dec =
+                SpeculativeDecoder::resume(&model, kv, ws, proposer, greedy(), tokens, &root_feature).unwrap();
+            let mut resumed_trees = Vec::new();
+            while got.len() < n {
+                got.extend_from_slice(dec.step_at_most(usize::MAX).unwrap());
+                resumed_trees.push(dec.last_tree().nodes().iter().map(|node| node.token).collect::<Vec<_>>());
+            }
+            got.truncate(n);
+            assert_eq!(got, want, "{arch}");
+            assert_eq!(resumed_trees, trees, "{arch}: the resumed decoder drafted other trees");
+            assert!(trees.iter().any(|t| t.len() > 1), "the head drafted nothing");
+        }
+        // A fused head's feature rows carry layer inputs too: the final-normed row alone is refused.
+        let model = model::testing::tiny_model("llama", None, 11, 64);
+        let fused = DraftHead::from_bytes(&random_fused_head_bytes(32, 64, 32, 5, &[1, 3])).unwrap();
+        let mut kv = model.new_cache(16);
+        model.forward(&[1, 2, 3], &mut kv, &mut Workspace::new(1), &mut Vec::new(), model::Logits::None).unwrap();
+        let p = EagleProposer::new(fused, tree);
+        let resumed = SpeculativeDecoder::resume(
+            &model,
+            kv,
+            Workspace::new(1),
+            p,
+            SamplingParams::greedy(),
+            vec![1, 2, 3, 4],
+            &[0.0; 32],
+        );
+        assert!(resumed.is_err());
     }
 }

@@ -117,6 +117,13 @@ pub trait Proposer {
         FeatureSource::None
     }
 
+    /// Whether it reads the feature rows of tokens before the root's parent (an EAGLE-3 head's own attention
+    /// does; our MLP heads read only the root's parent's row; by default, any proposer that reads features). A decoder resumed from another's cache
+    /// ([`crate::SpeculativeDecoder::resume`]) has only that row.
+    fn needs_feature_history(&self) -> bool {
+        self.feature_source() != FeatureSource::None
+    }
+
     /// Grows `tree` (which holds only the root, `context`'s last token) with draft nodes. Leaving it empty is
     /// allowed: the step then commits exactly one token, as dense decoding would.
     fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError>;
@@ -125,6 +132,9 @@ pub trait Proposer {
 impl<P: Proposer + ?Sized> Proposer for Box<P> {
     fn feature_source(&self) -> FeatureSource {
         (**self).feature_source()
+    }
+    fn needs_feature_history(&self) -> bool {
+        (**self).needs_feature_history()
     }
     fn propose(&mut self, context: &DraftContext<'_>, tree: &mut DraftTree) -> Result<(), SpeculativeError> {
         (**self).propose(context, tree)

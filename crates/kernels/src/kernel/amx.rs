@@ -116,7 +116,14 @@ struct TileConfig {
 impl TileConfig {
     fn new(m: usize) -> TileConfig {
         assert!((1..=ROWS).contains(&m));
-        let mut c = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16], reserved2: [0; 16] };
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+            reserved2: [0; 16],
+        };
         for base in [0, 3] {
             (c.colsb[base], c.rows[base]) = (64, m as u8);
             (c.colsb[base + 1], c.rows[base + 1]) = (32, m as u8);
@@ -144,9 +151,15 @@ pub(crate) fn group_kernel(ty: gguf::GgmlType) -> Option<GroupKernel> {
     // SAFETY (all closures): handed out only after `hardware()`, so the CPU has AVX-512 (F, BW, VL, VNNI), FMA,
     // F16C and AMX-INT8 with the tile state granted; `legacy` checks the shapes it reads.
     Some(match ty {
-        gguf::GgmlType::Q4_0 => |w, cols, a, t0, nt, o, stride| unsafe { legacy::<Q4_0>(w, cols, a, t0, nt, o, stride) },
-        gguf::GgmlType::Q4_1 => |w, cols, a, t0, nt, o, stride| unsafe { legacy::<Q4_1>(w, cols, a, t0, nt, o, stride) },
-        gguf::GgmlType::Q8_0 => |w, cols, a, t0, nt, o, stride| unsafe { legacy::<Q8_0>(w, cols, a, t0, nt, o, stride) },
+        gguf::GgmlType::Q4_0 => {
+            |w, cols, a, t0, nt, o, stride| unsafe { legacy::<Q4_0>(w, cols, a, t0, nt, o, stride) }
+        }
+        gguf::GgmlType::Q4_1 => {
+            |w, cols, a, t0, nt, o, stride| unsafe { legacy::<Q4_1>(w, cols, a, t0, nt, o, stride) }
+        }
+        gguf::GgmlType::Q8_0 => {
+            |w, cols, a, t0, nt, o, stride| unsafe { legacy::<Q8_0>(w, cols, a, t0, nt, o, stride) }
+        }
         _ => return None,
     })
 }
@@ -430,4 +443,3 @@ fn self_check() -> bool {
     }
     true
 }
-
