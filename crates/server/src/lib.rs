@@ -185,9 +185,16 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
     }
     match &scheduler_config.batch {
         Some(b) => eprintln!(
-            "specee serve: model {}, batching {} requests (dense rows) on {} thread(s), queue {}, context {}, KV \
+            "specee serve: model {}, batching {} requests (dense rows{}) on {} thread(s), queue {}, context {}, KV \
              budget {} tokens, prefix cache {} tokens",
-            config.model_id, b.parallel, b.threads, config.queue, config.ctx, b.kv_budget, b.prefix_cache
+            config.model_id,
+            b.parallel,
+            if config.resources.draft.is_some() { "; a greedy eagle request alone drafts trees" } else { "" },
+            b.threads,
+            config.queue,
+            config.ctx,
+            b.kv_budget,
+            b.prefix_cache
         ),
         None => eprintln!(
             "specee serve: model {}, mode {}, one request at a time on {} thread(s), queue {}, context {}",

@@ -401,13 +401,7 @@ unsafe fn scale<const K: u8, const G: usize>(
 fn self_check() -> bool {
     use crate::quantize::{act_kind, ActBuffers};
     use gguf::GgmlType;
-    let mut state = 0x51_7cc1_b727_220au64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = super::xorshift(0x51_7cc1_b727_220a);
     let (rows, cols) = (24, 96);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
         let (Some(kind), Some(tiles), Some(vnni)) =

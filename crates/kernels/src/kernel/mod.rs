@@ -205,6 +205,16 @@ impl Isa {
     }
 }
 
+/// A xorshift64 generator from `seed` (non-zero): the self-checks' pseudo-random weights and activations.
+pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 /// Compares every kernel of `isa` with the scalar kernels on a few pseudo-random rows and tiles.
 ///
 /// A guard for levels that cannot be tested on every development machine (the AVX-512 kernels run only
@@ -224,13 +234,7 @@ pub(crate) fn self_check(isa: Isa) -> bool {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
     ];
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     // 8 rows, so that the interleaved kernels (groups of 8 rows) run on the same matrices.
     let (rows, cols, n_tokens) = (8, 768, 5);
     for ty in types {
