@@ -239,18 +239,15 @@ unsafe fn rows_work(
     out_ptr: OutPtr,
 ) {
     let (rows, rb) = (w.rows, w.row_bytes);
-    // The AMX kernels take up to 16 activation rows a call, the others up to TILE; a remainder of fewer than
-    // MIN_ROWS rows goes to the groups kernel (the two give bit-identical results).
+    // With AMX: the tile kernel (up to 16 activation rows a call) for tiles of at least MIN_ROWS rows, the groups
+    // kernel (up to TILE) for the rest; the two give bit-identical results.
     #[cfg(target_arch = "x86_64")]
-    let (tiles, kernel, tile_rows) = match kernel {
-        Kernel::Tiles { tiles, groups } if n_tokens >= crate::kernel::amx::MIN_ROWS => {
-            (Some(tiles), Kernel::Groups(groups), crate::kernel::amx::ROWS)
-        }
-        Kernel::Tiles { groups, .. } => (None, Kernel::Groups(groups), TILE),
-        k => (None, k, TILE),
+    let (kernel, tiles) = match kernel {
+        Kernel::Tiles { groups, tiles } => (Kernel::Groups(groups), Some(tiles)),
+        k => (k, None),
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let (tiles, tile_rows): (Option<crate::kernel::GroupKernel>, usize) = (None, TILE);
+    let tiles: Option<crate::kernel::GroupKernel> = None;
     let mut tile = [0.0f32; ROW_CHUNK * MAX_TILE];
     let mut r0 = row_range.start;
     while r0 < row_range.end {
@@ -258,15 +255,14 @@ unsafe fn rows_work(
         let wr = &w.data[r0 * rb..r1 * rb];
         let mut t0 = 0;
         while t0 < n_tokens {
-            let mut nt = (n_tokens - t0).min(tile_rows);
+            let rest = n_tokens - t0;
             let nr = r1 - r0;
-            let kernel = match tiles {
+            let (kernel, nt) = match tiles {
                 #[cfg(target_arch = "x86_64")]
-                Some(tiles) if nt >= crate::kernel::amx::MIN_ROWS => Kernel::Groups(tiles),
-                _ => {
-                    nt = nt.min(TILE);
-                    kernel
+                Some(t) if rest >= crate::kernel::amx::MIN_ROWS => {
+                    (Kernel::Groups(t), rest.min(crate::kernel::amx::ROWS))
                 }
+                _ => (kernel, rest.min(TILE)),
             };
             let buf = &mut tile[..nr * nt];
             match kernel {

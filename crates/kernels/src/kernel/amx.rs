@@ -399,7 +399,7 @@ unsafe fn scale<const K: u8, const G: usize>(
 /// Compares the tile kernels with the VNNI group kernels, bit for bit, on pseudo-random matrices (an odd number
 /// of groups, so the lone-group path runs too) for 1, 5 and 16 activation rows.
 fn self_check() -> bool {
-    use crate::quantize::{act_kind, ActBuffers};
+    use crate::quantize::act_kind;
     use gguf::GgmlType;
     let mut next = super::xorshift(0x51_7cc1_b727_220a);
     let (rows, cols) = (24, 96);
@@ -418,10 +418,7 @@ fn self_check() -> bool {
         }
         let w = crate::repack::interleave8(ty, &w, rows, cols);
         for nt in [1, 5, 16] {
-            let x: Vec<f32> = (0..nt * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
-            let mut buf = ActBuffers::default();
-            buf.reserve(kind, nt, cols);
-            buf.quantize_tokens(kind, &x, cols, 0..nt);
+            let (x, buf) = super::random_acts(kind, nt, cols, &mut next);
             let acts = buf.view(kind, &x, cols);
             let (mut got, mut want) = (vec![0.0f32; nt * rows], vec![0.0f32; nt * rows]);
             tiles(&w, cols, &acts, 0, nt, &mut got, rows);

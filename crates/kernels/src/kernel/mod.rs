@@ -215,12 +215,26 @@ pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
     }
 }
 
+/// `n` rows of `cols` pseudo-random activations in [-1, 1) and their quantization to `kind` (the self-checks').
+pub(crate) fn random_acts(
+    kind: crate::quantize::ActKind,
+    n: usize,
+    cols: usize,
+    next: &mut impl FnMut() -> u64,
+) -> (Vec<f32>, crate::quantize::ActBuffers) {
+    let x: Vec<f32> = (0..n * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+    let mut buf = crate::quantize::ActBuffers::default();
+    buf.reserve(kind, n, cols);
+    buf.quantize_tokens(kind, &x, cols, 0..n);
+    (x, buf)
+}
+
 /// Compares every kernel of `isa` with the scalar kernels on a few pseudo-random rows and tiles.
 ///
 /// A guard for levels that cannot be tested on every development machine (the AVX-512 kernels run only
 /// where the CPU has them): a level that disagrees is not chosen, and a warning is printed once.
 pub(crate) fn self_check(isa: Isa) -> bool {
-    use crate::quantize::{act_kind, ActBuffers};
+    use crate::quantize::act_kind;
     let types = [
         GgmlType::F32,
         GgmlType::F16,
@@ -258,10 +272,7 @@ pub(crate) fn self_check(isa: Isa) -> bool {
                 block[f..f + 2].copy_from_slice(&0x2000u16.to_le_bytes());
             }
         }
-        let x: Vec<f32> = (0..n_tokens * cols).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
-        let mut buf = ActBuffers::default();
-        buf.reserve(kind, n_tokens, cols);
-        buf.quantize_tokens(kind, &x, cols, 0..n_tokens);
+        let (x, buf) = random_acts(kind, n_tokens, cols, &mut next);
         let acts = buf.view(kind, &x, cols);
         // Both outputs row-major (`[r * n_tokens + j]`), the scalar row kernel's as the reference.
         let (mut got, mut want) = (vec![0.0f32; rows * n_tokens], vec![0.0f32; rows * n_tokens]);
