@@ -785,58 +785,64 @@ fn second_chat_turn_reuses_the_first_turns_cache_and_answers_the_same() {
     assert_eq!(answers[0], answers[2]);
 }
 
-/// A greedy eagle request alone on the batching server goes on with draft trees (its answer says `eagle`, with more
-/// than one token per forward) and answers exactly as `specee generate`; a second request admitted while the first
-/// is generating sends the first back to dense rows, and both answer as `specee generate` does.
+/// Greedy eagle requests on the batching server draft trees: alone, a request's answer says `eagle`, with more than
+/// one token per forward, and is exactly `specee generate`'s; a second request admitted while the first generates
+/// drafts too, its tree verified in the same forwards as the first's (it is never alone), and both answer as
+/// `specee generate` does. With `--tree-rows 1` only a lone request drafts: the second runs dense rows.
 #[test]
-fn a_lone_request_drafts_trees_on_the_batching_server_and_gives_way_to_others() {
-    let server = Server::start(&["--parallel", "4"]);
-    let ask = |body: &Value| {
-        let r = server.post_json("/v1/chat/completions", body);
-        assert_eq!(r.status, 200, "{r:?}");
-        r.json()
-    };
-    let v = ask(&chat_body(48));
-    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), generate_text(CHAT_PROMPT, 48, true, 2));
-    assert_eq!(v["specee"]["mode"], "eagle", "{v}");
-    let tau = v["specee"]["acceptance_length"].as_f64().unwrap();
-    assert!(tau > 1.0, "alone, it took one forward per token: {v}");
+fn draft_trees_of_several_requests_share_the_batching_servers_forwards() {
+    for tree_rows in ["8", "1"] {
+        let server = Server::start(&["--parallel", "4", "--tree-rows", tree_rows]);
+        let ask = |body: &Value| {
+            let r = server.post_json("/v1/chat/completions", body);
+            assert_eq!(r.status, 200, "{r:?}");
+            r.json()
+        };
+        let v = ask(&chat_body(48));
+        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), generate_text(CHAT_PROMPT, 48, true, 2));
+        assert_eq!(v["specee"]["mode"], "eagle", "{v}");
+        let tau = v["specee"]["acceptance_length"].as_f64().unwrap();
+        assert!(tau > 1.0, "alone, it took one forward per token: {v}");
 
-    // A long streamed answer (400 tokens, no end before) starts alone (trees); a second request joins it part-way.
-    let (long_prompt, long) = ("Write a long story about a dragon who learns to bake bread.", 400);
-    let other_prompt = "Write a haiku about the sea.";
-    let body = |prompt: &str, n: usize| json!({"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0});
-    let other = body(other_prompt, 24);
-    let mut body = body(long_prompt, long);
-    body["stream"] = json!(true);
-    let port = server.port;
-    let first = std::thread::spawn(move || {
-        let r = http(port, "POST", "/v1/chat/completions", body.to_string().as_bytes());
-        assert_eq!(r.status, 200, "{r:?}");
-        let events: Vec<&str> = r.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
-        let mut text = String::new();
-        for e in &events[..events.len() - 1] {
-            let v: Value = serde_json::from_str(e).unwrap();
-            text += v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+        // A long streamed answer (400 tokens, no end before) starts alone; a second request joins it part-way.
+        let (long_prompt, long) = ("Write a long story about a dragon who learns to bake bread.", 400);
+        let other_prompt = "Write a haiku about the sea.";
+        let body = |prompt: &str, n: usize| json!({"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0});
+        let other = body(other_prompt, 24);
+        let mut body = body(long_prompt, long);
+        body["stream"] = json!(true);
+        let port = server.port;
+        let first = std::thread::spawn(move || {
+            let r = http(port, "POST", "/v1/chat/completions", body.to_string().as_bytes());
+            assert_eq!(r.status, 200, "{r:?}");
+            let events: Vec<&str> = r.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+            let mut text = String::new();
+            for e in &events[..events.len() - 1] {
+                let v: Value = serde_json::from_str(e).unwrap();
+                text += v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+            }
+            text
+        });
+        // Once the first is generating, the second arrives (well before the first's 400 tokens are done).
+        let start = Instant::now();
+        while server.metric("specee_requests_in_flight") == 0.0 {
+            assert!(start.elapsed() < Duration::from_secs(30), "the first request never started");
+            std::thread::sleep(Duration::from_millis(5));
         }
-        text
-    });
-    // Once the first is generating, the second arrives (well before the first's 400 tokens are done).
-    let start = Instant::now();
-    while server.metric("specee_requests_in_flight") == 0.0 {
-        assert!(start.elapsed() < Duration::from_secs(30), "the first request never started");
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(100));
+        let second = ask(&other);
+        let want_mode = if tree_rows == "1" { "dense" } else { "eagle" };
+        assert_eq!(second["specee"]["mode"], want_mode, "--tree-rows {tree_rows}: {second}");
+        let text = second["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(text, generate_text(other_prompt, 24, true, 2));
+        assert_eq!(first.join().unwrap(), generate_text(long_prompt, long, true, 2));
+        // The long one drafted (at least while alone): it counts as eagle, as the first request did.
+        let eagle =
+            |finish: &str| server.metric(&format!("specee_generations_total{{mode=\"eagle\",finish=\"{finish}\"}}"));
+        let eagles = if tree_rows == "1" { 2.0 } else { 3.0 };
+        assert_eq!(eagle("stop") + eagle("length"), eagles, "--tree-rows {tree_rows}");
+        server.wait_idle(Duration::from_secs(30));
     }
-    std::thread::sleep(Duration::from_millis(100));
-    let second = ask(&other);
-    assert_eq!(second["specee"]["mode"], "dense", "the second never ran alone: {second}");
-    assert_eq!(second["choices"][0]["message"]["content"].as_str().unwrap(), generate_text(other_prompt, 24, true, 2));
-    assert_eq!(first.join().unwrap(), generate_text(long_prompt, long, true, 2));
-    // The long one ran trees (alone at its start) and dense rows: it counts as eagle, as the first request did.
-    let eagle =
-        |finish: &str| server.metric(&format!("specee_generations_total{{mode=\"eagle\",finish=\"{finish}\"}}"));
-    assert_eq!(eagle("stop") + eagle("length"), 2.0);
-    server.wait_idle(Duration::from_secs(30));
 }
 
 /// Runs `tests/server/browser_chat.py` (headless Chromium driving the chat page) against `server`; its JSON.

@@ -35,6 +35,6 @@ mod tests;
 pub use config::{Activation, Arch, Config, RopeStyle};
 pub use error::ModelError;
 pub use kv_cache::KvCache;
-pub use model::{Logits, Mask, Model, Sequence, SCREEN_AFTER_CALLS, SCREEN_MIN_BYTES, X8_AFTER_ROWS};
+pub use model::{Logits, Mask, Model, Rows, Sequence, SCREEN_AFTER_CALLS, SCREEN_MIN_BYTES, X8_AFTER_ROWS};
 pub use sparsity::{ActCounts, ActHistograms, ActThresholds, BlockSparsity, Site};
 pub use workspace::Workspace;

@@ -41,6 +41,14 @@ pub struct Sequence<'p, 'k> {
     pub kv: &'k mut KvCache,
 }
 
+/// One sequence's new rows for [`Model::forward_rows`]: their tokens, their positions and which of them each sees.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub mask: Mask<'a>,
+}
+
 /// Which rows [`Model::forward`] computes logits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -773,29 +781,56 @@ impl Model {
         hidden: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
         assert_eq!(tokens.len(), kvs.len(), "one cache per sequence");
-        let all: Vec<u32> = tokens.concat();
+        let positions: Vec<Vec<u32>> = tokens
+            .iter()
+            .zip(kvs.iter())
+            .map(|(t, kv)| (kv.seq_len() as u32..(kv.seq_len() + t.len()) as u32).collect())
+            .collect();
+        let rows: Vec<Rows<'_>> = tokens
+            .iter()
+            .zip(&positions)
+            .map(|(&tokens, positions)| Rows { tokens, positions, mask: Mask::Causal })
+            .collect();
+        self.forward_rows(&rows, kvs, ws, hidden)
+    }
+
+    /// [`Model::forward_batch`] with each sequence's positions and mask given: e.g. the draft trees of several
+    /// requests verified in one forward ([`Mask::Allowed`] with a tree's ancestor mask, node positions root +
+    /// depth). Sequence `i`'s rows take the slots after its cache's current end, in order. Each row comes out as
+    /// a one-sequence forward of the same rows would compute it.
+    pub fn forward_rows(
+        &self,
+        seqs: &[Rows<'_>],
+        kvs: &mut [&mut KvCache],
+        ws: &mut Workspace,
+        hidden: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        assert_eq!(seqs.len(), kvs.len(), "one cache per sequence");
         let d = self.config.n_embd;
-        let mut positions = Vec::with_capacity(tokens.len());
-        for (t, kv) in tokens.iter().zip(kvs.iter()) {
-            let start = kv.seq_len();
-            if start + t.len() > kv.capacity() {
-                return Err(ModelError::ContextFull { needed: start + t.len(), capacity: kv.capacity() });
+        for (s, kv) in seqs.iter().zip(kvs.iter()) {
+            assert_eq!(s.tokens.len(), s.positions.len(), "one position per row");
+            if let Mask::Allowed(a) = s.mask {
+                assert_eq!(a.len(), s.tokens.len() * s.tokens.len(), "one mask entry per pair of rows");
             }
-            positions.push((start as u32..(start + t.len()) as u32).collect::<Vec<u32>>());
+            let needed = kv.seq_len() + s.tokens.len();
+            if needed > kv.capacity() {
+                return Err(ModelError::ContextFull { needed, capacity: kv.capacity() });
+            }
         }
+        let all: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         hidden.resize(all.len() * d, 0.0);
         if all.is_empty() {
             return Ok(());
         }
         self.embed(&all, hidden)?;
         for il in 0..self.config.n_layers {
-            let mut seqs: Vec<Sequence<'_, '_>> = positions
+            let mut batch: Vec<Sequence<'_, '_>> = seqs
                 .iter()
                 .zip(kvs.iter_mut())
-                .filter(|(p, _)| !p.is_empty())
-                .map(|(p, kv)| Sequence { positions: p, mask: Mask::Causal, kv })
+                .filter(|(s, _)| !s.tokens.is_empty())
+                .map(|(s, kv)| Sequence { positions: s.positions, mask: s.mask, kv })
                 .collect();
-            self.layer_batch(il, hidden, &mut seqs, ws)?;
+            self.layer_batch(il, hidden, &mut batch, ws)?;
         }
         Ok(())
     }

@@ -12,14 +12,15 @@
 //! [`PrefixCache`] (bounded, `--prefix-cache` tokens), from which a later prompt sharing a prefix — the same
 //! system prompt, the earlier turns of a chat — copies that prefix instead of computing it again.
 //!
-//! Speculation: a greedy `eagle` request (no grammar, no log probabilities) that is **alone** in the server goes on
-//! with the draft head's trees ([`SpeculativeDecoder::resume`] takes over its cache, the workspace, and the
-//! final-normed state of its last row, all an MLP head reads), so a single user keeps eagle's speed; when another
-//! request is admitted it goes back to one dense row per forward, its cache holding every committed token but the
-//! last, as a dense request's does. Both are lossless, so the tokens are dense greedy's either way; its answer says
-//! `eagle` when any tree ran, with the forwards it took. Other speculative requests, and eagle requests that are
-//! never alone, are decoded as dense rows (the answer says `dense`); trees of several requests in one forward are
-//! not built yet.
+//! Speculation: a greedy `eagle` request (no grammar, no log probabilities) goes on with the draft head's trees once
+//! its prompt is in ([`SpeculativeDecoder::resume`] takes over its cache and the final-normed state of its last
+//! row, all an MLP head reads). Every forward verifies the trees of all such requests beside the other requests'
+//! rows, each tree with its own ancestor mask over its own cache ([`model::Model::forward_rows`]), and the greedy
+//! tokens of every row come from one head call. Alone, a request drafts its whole tree; with company the trees
+//! share a row budget ([`BatchConfig::tree_rows`]: each gets `tree_rows / decoding requests` rows, 1 = its root
+//! only, a dense step), because past a few rows a forward's cost grows with its rows. Lossless either way: the
+//! tokens are dense greedy's; the answer says `eagle` when any draft was verified, with the forwards it took. Other
+//! speculative requests are decoded as dense rows (the answer says `dense`).
 
 use crate::holdback::Holdback;
 use crate::metrics::Observe;
@@ -55,6 +56,9 @@ pub struct BatchConfig {
     pub prefix_cache: usize,
     /// Most prompt rows one forward prefills (decode rows always go; chunks of prompts fill up to this).
     pub prefill_rows: usize,
+    /// Rows the draft trees of several decoding requests share in one forward (a lone request drafts its whole
+    /// tree); 0 or 1: no drafts beside other requests.
+    pub tree_rows: usize,
 }
 
 /// Finished requests' caches, kept for the prompts that start like them. Entries are whole token sequences
@@ -140,7 +144,8 @@ pub(crate) struct Batcher {
     datastore: Option<Arc<decode::speculative::Datastore>>,
 }
 
-/// A lone request's speculative decoder; it holds the request's cache and the batcher's workspace while it runs.
+/// A request's speculative decoder; it holds the request's cache (and a one-thread workspace it does not use: the
+/// batcher's forwards verify its trees).
 type Tree<'e> = Box<SpeculativeDecoder<'e, AnyProposer>>;
 
 /// A request waiting for admission.
@@ -178,15 +183,15 @@ struct Active<'e> {
     done: bool,
     /// Its error was answered already.
     failed: bool,
-    /// May go on with draft trees when alone: greedy `eagle`, no grammar, no log probabilities.
+    /// Goes on with draft trees once its prompt is in: greedy `eagle`, no grammar, no log probabilities.
     speculable: bool,
     /// The final-normed state of the row that produced `next` (kept for speculable requests only).
     root_feature: Vec<f32>,
-    /// While it runs alone with draft trees: the decoder, holding its cache (`kv` is then an empty stand-in).
+    /// Once it drafts trees: the decoder, holding its cache (`kv` is then an empty stand-in).
     tree: Option<Tree<'e>>,
-    /// Target forwards that gave it tokens (dense rows and tree steps alike), and how many were tree steps.
+    /// Target forwards that gave it tokens (dense rows and tree steps alike), and the draft nodes verified.
     forwards: u64,
-    tree_forwards: u64,
+    drafted: u64,
 }
 
 impl<'e> Active<'e> {
@@ -197,8 +202,12 @@ impl<'e> Active<'e> {
         self.history.len() > capacity
     }
 
-    /// Rows this request feeds in the next forward (at most `budget` prompt rows).
+    /// Rows this request feeds in the next forward as dense rows (at most `budget` prompt rows; none while it
+    /// drafts trees).
     fn rows(&self, budget: usize) -> &[u32] {
+        if self.tree.is_some() {
+            return &[];
+        }
         match self.next {
             Some(_) => &self.history[self.history.len() - 1..],
             None => {
@@ -333,29 +342,24 @@ impl Batcher {
                     root_feature: Vec::new(),
                     tree: None,
                     forwards: 0,
-                    tree_forwards: 0,
+                    drafted: 0,
                 });
             }
             if active.is_empty() {
                 continue;
             }
 
-            // A request left alone goes on with draft trees; one that is no longer alone goes back to dense rows.
-            let alone = active.len() == 1 && waiting.is_empty();
+            // A speculable request whose prompt is in goes on with draft trees.
             for a in active.iter_mut() {
-                if a.tree.is_some() && (!alone || a.done) {
-                    self.stop_tree(a, &mut ws);
+                if a.tree.is_none() && a.speculable && a.next.is_some() && !a.done {
+                    self.start_tree(engine, a);
                 }
             }
-            if alone && active[0].tree.is_none() && active[0].speculable && active[0].next.is_some() && !active[0].done
-            {
-                self.start_tree(engine, &mut active[0], &mut ws);
-            }
 
-            // One forward: the lone request's tree step, or the next rows of every request.
-            let step = catch_unwind(AssertUnwindSafe(|| match active.as_mut_slice() {
-                [a] if a.tree.is_some() => self.tree_step(a),
-                _ => self.step(&mut active, &mut ws, &mut hidden, &mut normed, &mut logits),
+            // One forward: the next rows of every request, draft trees included.
+            let alone = active.len() == 1 && waiting.is_empty();
+            let step = catch_unwind(AssertUnwindSafe(|| {
+                self.step(&mut active, alone, &mut ws, &mut hidden, &mut normed, &mut logits)
             }));
             if let Err(error) = step.map_err(panic_error).and_then(|r| r) {
                 // The forward failed: every request in it is answered with the error.
@@ -374,9 +378,7 @@ impl Batcher {
                     continue;
                 }
                 let mut a = active.swap_remove(i);
-                if a.tree.is_some() {
-                    self.stop_tree(&mut a, &mut ws);
-                }
+                self.stop_tree(&mut a);
                 self.finish(a, &mut prefix, &mut reserved);
             }
         }
@@ -417,11 +419,12 @@ impl Batcher {
         metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// One batched forward: feeds every request its rows, then takes the next token of each request whose prompt
-    /// is in.
+    /// One batched forward: feeds every request its rows — chunks of its prompt, one dense row, or its draft
+    /// tree — then hands each request whose prompt is in its next token(s).
     fn step(
         &self,
         active: &mut [Active<'_>],
+        alone: bool,
         ws: &mut Workspace,
         hidden: &mut Vec<f32>,
         normed: &mut Vec<f32>,
@@ -436,113 +439,163 @@ impl Batcher {
             a.emitter.finish = FinishReason::Cancelled;
             a.done = true;
         }
-        // Decode rows first, then prompt chunks while the prefill budget lasts.
+        // Draft trees: alone, a request drafts its whole tree; with company the trees share the row budget.
+        let decoding = active.iter().filter(|a| !a.done && a.next.is_some()).count();
+        let cap = if alone { usize::MAX } else { (self.config.tree_rows / decoding.max(1)).max(1) };
+        for a in active.iter_mut().filter(|a| !a.done) {
+            let Some(dec) = a.tree.as_mut() else { continue };
+            let at_most = a.params.max_tokens.saturating_sub(a.emitter.generated.len()).max(1);
+            if let Err(e) = dec.draft_rows(ws.pool(), at_most, cap) {
+                self.shared.fail(&a.request, &a.events, engine::speculative::speculative_error(e).into());
+                (a.done, a.failed) = (true, true);
+            }
+        }
+        // Dense rows: decode rows first, then prompt chunks while the prefill budget lasts.
         let mut budget = self.config.prefill_rows.max(1);
         let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(active.len());
+        let mut positions: Vec<Vec<u32>> = Vec::with_capacity(active.len());
         for a in active.iter() {
             let rows = if a.done || (a.next.is_none() && budget == 0) { &[][..] } else { a.rows(budget) };
             if a.next.is_none() {
                 budget -= rows.len();
             }
+            let start = a.kv.seq_len() as u32;
+            positions.push((start..start + rows.len() as u32).collect());
             feeds.push(rows.to_vec());
         }
         // The requests with rows in this forward, their rows and their caches.
         let mut in_step: Vec<usize> = Vec::with_capacity(active.len());
+        let mut seqs: Vec<model::Rows<'_>> = Vec::with_capacity(active.len());
         let mut kvs: Vec<&mut KvCache> = Vec::with_capacity(active.len());
-        for (i, (a, rows)) in active.iter_mut().zip(&feeds).enumerate() {
-            if !rows.is_empty() {
+        for (i, a) in active.iter_mut().enumerate() {
+            if let Some(dec) = a.tree.as_mut() {
+                if let Some((rows, kv)) = dec.pending_rows() {
+                    in_step.push(i);
+                    let mask = model::Mask::Allowed(&rows.mask);
+                    seqs.push(model::Rows { tokens: &rows.tokens, positions: &rows.positions, mask });
+                    kvs.push(kv);
+                }
+            } else if !feeds[i].is_empty() {
                 in_step.push(i);
+                seqs.push(model::Rows { tokens: &feeds[i], positions: &positions[i], mask: model::Mask::Causal });
                 kvs.push(&mut a.kv);
             }
         }
         if in_step.is_empty() {
             return Ok(());
         }
-        let tokens: Vec<&[u32]> = in_step.iter().map(|&i| feeds[i].as_slice()).collect();
-        let rows: usize = tokens.iter().map(|t| t.len()).sum();
-        metrics.observe(Observe::BatchRows, rows as f64);
+        let lens: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+        metrics.observe(Observe::BatchRows, lens.iter().sum::<usize>() as f64);
         metrics.observe(Observe::BatchSequences, in_step.len() as f64);
-        model.forward_batch(&tokens, &mut kvs, ws, hidden).map_err(engine::EngineError::from)?;
-        drop(kvs); // The caches are read through `active` again below.
+        model.forward_rows(&seqs, &mut kvs, ws, hidden).map_err(engine::EngineError::from)?;
+        drop((seqs, kvs)); // The caches and trees are reached through `active` again below.
 
-        // Requests that now need their next token: the last row of each whose prompt is complete.
+        // Rows that now give tokens: every row of a tree, and the last row of each other request whose prompt is
+        // complete. Unconstrained greedy rows without log probabilities make do with the head's argmax.
         let mut row_end = 0;
-        let mut greedy: Vec<(usize, usize)> = Vec::new();
+        let mut greedy: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
         let mut sampled: Vec<(usize, usize)> = Vec::new();
-        for (k, &i) in in_step.iter().enumerate() {
-            row_end += tokens[k].len();
+        for (&i, &n) in in_step.iter().zip(&lens) {
+            row_end += n;
             let a = &active[i];
-            if a.kv.seq_len() < a.prompt_len {
+            if a.tree.is_some() {
+                greedy.push((i, row_end - n..row_end));
+            } else if a.kv.seq_len() < a.prompt_len {
                 continue;
-            }
-            // Only unconstrained greedy rows without log probabilities make do with the head's argmax.
-            if a.params.sampling.is_greedy() && a.constraint.is_none() && a.params.logprobs.is_none() {
-                greedy.push((i, row_end - 1));
+            } else if a.params.sampling.is_greedy() && a.constraint.is_none() && a.params.logprobs.is_none() {
+                greedy.push((i, row_end - 1..row_end));
             } else {
                 sampled.push((i, row_end - 1));
             }
         }
-        let mut next: Vec<(usize, u32, Option<engine::TokenLogprobs>)> =
+        // Each request's tokens of this forward, in order.
+        let mut next: Vec<(usize, Vec<u32>, Option<engine::TokenLogprobs>)> =
             Vec::with_capacity(greedy.len() + sampled.len());
-        for (group, is_greedy) in [(&greedy, true), (&sampled, false)] {
-            if group.is_empty() {
-                continue;
-            }
-            let n = group.len();
+        if !greedy.is_empty() {
+            let n: usize = greedy.iter().map(|(_, r)| r.len()).sum();
             normed.resize(n * d, 0.0);
-            for (r, &(_, row)) in group.iter().enumerate() {
-                model.final_norm(&hidden[row * d..(row + 1) * d], &mut normed[r * d..(r + 1) * d]);
+            let mut r = 0;
+            for (_, rows) in &greedy {
+                let dst = &mut normed[r * d..(r + rows.len()) * d];
+                model.final_norm(&hidden[rows.start * d..rows.end * d], dst);
+                r += rows.len();
             }
-            if is_greedy {
-                let mut out = vec![0u32; n];
-                model.head_argmax(normed, n, &mut out, ws);
-                // The draft head's input if the request goes on alone.
-                for (r, &(i, _)) in group.iter().enumerate() {
-                    if active[i].speculable {
-                        active[i].root_feature.clear();
-                        active[i].root_feature.extend_from_slice(&normed[r * d..(r + 1) * d]);
+            let mut out = vec![0u32; n];
+            model.head_argmax(normed, n, &mut out, ws);
+            let mut r = 0;
+            for (i, rows) in &greedy {
+                let (i, k) = (*i, rows.len());
+                let (choices, states) = (&out[r..r + k], &normed[r * d..(r + k) * d]);
+                r += k;
+                let a = &mut active[i];
+                match a.tree.as_mut() {
+                    Some(dec) => match dec.commit_rows(choices, states) {
+                        Ok(tokens) => next.push((i, tokens.to_vec(), None)),
+                        Err(e) => {
+                            self.shared.fail(&a.request, &a.events, engine::speculative::speculative_error(e).into());
+                            (a.done, a.failed) = (true, true);
+                        }
+                    },
+                    None => {
+                        // The draft head's input once the request drafts trees.
+                        if a.speculable {
+                            a.root_feature.clear();
+                            a.root_feature.extend_from_slice(states);
+                        }
+                        next.push((i, choices.to_vec(), None));
                     }
-                }
-                next.extend(group.iter().map(|&(i, _)| i).zip(out).map(|(i, t)| (i, t, None)));
-            } else {
-                logits.resize(n * vocab, 0.0);
-                model.head_full(normed, n, logits, ws);
-                for (r, &(i, _)) in group.iter().enumerate() {
-                    let a = &mut active[i];
-                    let row = &mut logits[r * vocab..(r + 1) * vocab];
-                    // Log probabilities are the raw logits' (a grammar masks the row in place).
-                    let raw = a.params.logprobs.map(|k| (k, row.to_vec()));
-                    let t = match a.constraint.as_mut() {
-                        None => a.sampler.sample(row, &a.history),
-                        Some(c) if a.params.sampling.is_greedy() => match decode::constraint::masked_argmax(c, row) {
-                            Ok(t) => t,
-                            Err(e) => {
-                                self.fail_grammar(a, e);
-                                continue;
-                            }
-                        },
-                        Some(c) => match c.mask(row) {
-                            Ok(()) => a.sampler.sample(row, &a.history),
-                            Err(e) => {
-                                self.fail_grammar(a, e);
-                                continue;
-                            }
-                        },
-                    };
-                    next.push((i, t, raw.map(|(k, raw)| engine::logprobs::token_logprobs(&raw, t, k))));
                 }
             }
         }
+        if !sampled.is_empty() {
+            let n = sampled.len();
+            normed.resize(n * d, 0.0);
+            for (r, &(_, row)) in sampled.iter().enumerate() {
+                model.final_norm(&hidden[row * d..(row + 1) * d], &mut normed[r * d..(r + 1) * d]);
+            }
+            logits.resize(n * vocab, 0.0);
+            model.head_full(normed, n, logits, ws);
+            for (r, &(i, _)) in sampled.iter().enumerate() {
+                let a = &mut active[i];
+                let row = &mut logits[r * vocab..(r + 1) * vocab];
+                // Log probabilities are the raw logits' (a grammar masks the row in place).
+                let raw = a.params.logprobs.map(|k| (k, row.to_vec()));
+                let t = match a.constraint.as_mut() {
+                    None => a.sampler.sample(row, &a.history),
+                    Some(c) if a.params.sampling.is_greedy() => match decode::constraint::masked_argmax(c, row) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            self.fail_grammar(a, e);
+                            continue;
+                        }
+                    },
+                    Some(c) => match c.mask(row) {
+                        Ok(()) => a.sampler.sample(row, &a.history),
+                        Err(e) => {
+                            self.fail_grammar(a, e);
+                            continue;
+                        }
+                    },
+                };
+                next.push((i, vec![t], raw.map(|(k, raw)| engine::logprobs::token_logprobs(&raw, t, k))));
+            }
+        }
         let now = Instant::now();
-        for (i, token, entry) in next {
-            active[i].forwards += 1;
-            self.take(&mut active[i], token, entry, now);
+        for (i, tokens, mut entry) in next {
+            let a = &mut active[i];
+            a.forwards += 1;
+            for token in tokens {
+                self.take(a, token, entry.take(), now);
+                if a.done {
+                    break;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Hands a lone speculable request's cache and the workspace to a draft-tree decoder (see the module header).
-    fn start_tree<'e>(&self, engine: &'e engine::Engine, a: &mut Active<'e>, ws: &mut Workspace) {
+    /// Hands a speculable request's cache to a draft-tree decoder (see the module header).
+    fn start_tree<'e>(&self, engine: &'e engine::Engine, a: &mut Active<'e>) {
         let d = engine.model.config.n_embd;
         let Some(head) = self.draft.as_ref() else { return };
         // The decoder's contract: every committed token but the last cached, and that token's parent's feature.
@@ -551,52 +604,26 @@ impl Batcher {
         }
         let proposer = AnyProposer::eagle(Arc::clone(head), None, self.datastore.clone());
         let kv = std::mem::replace(&mut a.kv, engine.model.new_cache(0));
-        let workspace = std::mem::replace(ws, Workspace::new(1));
         let (sampling, tokens) = (a.params.sampling.clone(), a.history.clone());
-        match SpeculativeDecoder::resume(&engine.model, kv, workspace, proposer, sampling, tokens, &a.root_feature) {
+        let ws = Workspace::new(1);
+        match SpeculativeDecoder::resume(&engine.model, kv, ws, proposer, sampling, tokens, &a.root_feature) {
             Ok(dec) => a.tree = Some(Box::new(dec)),
             Err(e) => {
-                // Checked above, so not expected: the request fails, the batcher gets a fresh workspace.
-                *ws = Workspace::new(self.config.threads.max(1));
+                // Checked above, so not expected.
                 self.shared.fail(&a.request, &a.events, crate::ApiError::internal(format!("draft trees: {e}")));
                 (a.done, a.failed) = (true, true);
             }
         }
     }
 
-    /// Takes a request's cache and the workspace back from its draft-tree decoder; it goes on as dense rows. The
-    /// cache keeps only tokens of its history (a stop rule may have ended it inside a step).
-    fn stop_tree(&self, a: &mut Active<'_>, ws: &mut Workspace) {
+    /// Takes a finished request's cache back from its draft-tree decoder, if any. The cache keeps only tokens of
+    /// its history (a stop rule may have ended it inside a step).
+    fn stop_tree(&self, a: &mut Active<'_>) {
         let Some(dec) = a.tree.take() else { return };
-        a.tree_forwards += dec.stats().target_forwards as u64;
-        let (mut kv, workspace) = dec.into_parts();
+        a.drafted += dec.stats().drafted_nodes as u64;
+        let (mut kv, _) = dec.into_parts();
         kv.truncate(kv.seq_len().min(a.history.len().saturating_sub(1)));
-        (a.kv, *ws) = (kv, workspace);
-    }
-
-    /// One draft-tree step of the lone request: drafts, verifies in one target forward, and hands it the 1 to
-    /// depth + 1 tokens it commits (stop rules may end it part-way).
-    fn tree_step(&self, a: &mut Active<'_>) -> Result<(), crate::ApiError> {
-        if a.events.is_closed() {
-            a.emitter.finish = FinishReason::Cancelled;
-            a.done = true;
-            return Ok(());
-        }
-        let dec = a.tree.as_mut().expect("a tree step of a request with a tree");
-        let at_most = a.params.max_tokens.saturating_sub(a.emitter.generated.len()).max(1);
-        let committed = dec.step_at_most(at_most).map_err(engine::speculative::speculative_error)?.to_vec();
-        let metrics = &self.shared.metrics;
-        metrics.observe(Observe::BatchRows, dec.last_tree().len() as f64);
-        metrics.observe(Observe::BatchSequences, 1.0);
-        a.forwards += 1;
-        let now = Instant::now();
-        for token in committed {
-            self.take(a, token, None, now);
-            if a.done {
-                break;
-            }
-        }
-        Ok(())
+        a.kv = kv;
     }
 
     /// Hands a request its next token: stop rules, streaming, timing; decides whether it goes on.
@@ -665,7 +692,7 @@ impl Batcher {
             decode_start,
             failed,
             forwards,
-            tree_forwards,
+            drafted,
             ..
         } = a;
         if !failed {
@@ -674,8 +701,8 @@ impl Batcher {
             let generation =
                 emitter.finish(&history[..prompt_len], decode_start.unwrap_or_else(Instant::now), &mut on_text);
             let mut stats = DecodeStats::dense(&generation, shared.n_layers);
-            let mode = if tree_forwards > 0 { Mode::Eagle } else { Mode::Dense };
-            if tree_forwards > 0 {
+            let mode = if drafted > 0 { Mode::Eagle } else { Mode::Dense };
+            if drafted > 0 {
                 stats.steps = forwards.min(stats.tokens);
             }
             shared.answer(&request, &events, mode, generation, stats, &holdback);

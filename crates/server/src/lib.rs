@@ -60,6 +60,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 /// requests' next token by one forward of this many rows.
 pub const DEFAULT_PREFILL_ROWS: usize = 128;
 
+/// Default of [`Config::tree_rows`]: rows the draft trees of several batched eagle requests share per forward.
+pub const DEFAULT_TREE_ROWS: usize = 8;
+
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -85,6 +88,9 @@ pub struct Config {
     pub prefix_cache: usize,
     /// Most prompt rows one batched forward prefills.
     pub prefill_rows: usize,
+    /// Rows the draft trees of several batched eagle requests share per forward (a lone request drafts its whole
+    /// tree; 0 or 1: no drafts beside other requests).
+    pub tree_rows: usize,
     /// Largest request body, bytes.
     pub body_limit: usize,
     /// The model's id in `/v1/models` and in responses.
@@ -109,6 +115,7 @@ impl Default for Config {
             kv_budget: None,
             prefix_cache: 4096,
             prefill_rows: DEFAULT_PREFILL_ROWS,
+            tree_rows: DEFAULT_TREE_ROWS,
             body_limit: DEFAULT_BODY_LIMIT,
             model_id: "specee".into(),
             resources: ModeResources::default(),
@@ -166,6 +173,7 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
             kv_budget: config.kv_budget.unwrap_or(config.ctx * config.parallel),
             prefix_cache: config.prefix_cache,
             prefill_rows: config.prefill_rows.max(1),
+            tree_rows: config.tree_rows,
         }),
         keep_cache: config.prefix_cache > 0,
     };

@@ -37,6 +37,10 @@ pub struct Args {
     /// requests' tokens).
     #[arg(long, value_name = "N", default_value_t = server::DEFAULT_PREFILL_ROWS)]
     pub prefill_rows: usize,
+    /// When batching: rows the draft trees of greedy eagle requests share in one forward when several decode at
+    /// once (a lone request drafts its whole tree; 0 or 1: only a lone request drafts).
+    #[arg(long, value_name = "N", default_value_t = server::DEFAULT_TREE_ROWS)]
+    pub tree_rows: usize,
     /// Requests that may wait for a free slot; beyond that the server answers 429.
     #[arg(long, default_value_t = 8)]
     pub queue: usize,
@@ -120,6 +124,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_budget: a.kv_budget,
         prefix_cache: a.prefix_cache,
         prefill_rows: a.prefill_rows,
+        tree_rows: a.tree_rows,
         body_limit: a.max_body,
         model_id,
         resources,

@@ -92,6 +92,19 @@ pub struct SpeculativeDecoder<'m, P: Proposer> {
     stats: SpeculativeStats,
     /// Logits of one row when the grammar forbids its argmax ([`SpeculativeDecoder::step_constrained`]).
     constrained_logits: Vec<f32>,
+    /// The drafted tree's rows while a step verified by the caller is pending
+    /// ([`SpeculativeDecoder::draft_rows`]): the cache length before it, when drafting ended, and the rows.
+    pending: Option<(usize, Instant)>,
+    rows: TreeRows,
+}
+
+/// The rows of a drafted tree, as the target runs them ([`SpeculativeDecoder::draft_rows`]): node `i`'s token at
+/// its position (the root's at the cache's end), seeing the cache and its own ancestors (`mask[i * n + m]`).
+#[derive(Debug, Default)]
+pub struct TreeRows {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub mask: Vec<bool>,
 }
 
 impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
@@ -118,6 +131,8 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             scratch: AcceptanceScratch::default(),
             stats: SpeculativeStats::default(),
             constrained_logits: Vec::new(),
+            pending: None,
+            rows: TreeRows::default(),
         }
     }
 
@@ -275,7 +290,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
     /// [`SpeculativeDecoder::step`], committing at most `max_tokens` tokens (at least 1): the tree is cut below
     /// depth `max_tokens - 1`. Use it to stop exactly at a length limit.
     pub fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], SpeculativeError> {
-        let (start, t1) = self.draft(max_tokens)?;
+        let (start, t1) = self.draft(None, max_tokens)?;
         let vocab = self.model.config.vocab_size;
         // 2. Verify and 3. accept. Greedy settings without a penalty need only each node's greedy token (the
         // head screen); everything else needs the logits.
@@ -309,7 +324,68 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             return Err(e.into());
         }
 
-        Ok(self.commit(start, t1))
+        Ok(self.commit(start, t1, None))
+    }
+
+    /// Step 1 of a greedy step whose target forward the caller runs, batched with other sequences' rows (the
+    /// batching server's): drafts a tree below the root on `pool`, committing at most `max_tokens` and verifying at
+    /// most `max_rows` rows (root included; 1: no drafts, a dense step); [`SpeculativeDecoder::pending_rows`]
+    /// then gives its rows and the cache they go into. The caller runs them through the target (e.g. [`model::Model::forward_rows`]) — which appends one
+    /// cache slot per row — and hands the greedy token after each row and the rows' final-normed states to
+    /// [`SpeculativeDecoder::commit_rows`]. The result is exactly [`SpeculativeDecoder::step_at_most`]'s when the
+    /// tree is the same. Greedy settings without a penalty only, and proposers that read no layer inputs
+    /// ([`FeatureSource::None`] or [`FeatureSource::FinalNorm`]).
+    pub fn draft_rows(
+        &mut self,
+        pool: &kernels::ThreadPool,
+        max_tokens: usize,
+        max_rows: usize,
+    ) -> Result<(), SpeculativeError> {
+        if !self.params.is_greedy() || !matches!(self.feature_source, FeatureSource::None | FeatureSource::FinalNorm) {
+            return Err(SpeculativeError::Proposer(
+                "a step verified by the caller needs greedy settings and a proposer reading the final-normed state"
+                    .into(),
+            ));
+        }
+        self.pending = None;
+        let (start, t1) = self.draft(Some(pool), max_tokens)?;
+        self.tree.truncate(max_rows.max(1));
+        self.tree.ancestor_mask(&mut self.rows.mask);
+        self.tree.positions(start as u32, &mut self.rows.positions);
+        self.rows.tokens.clear();
+        self.rows.tokens.extend(self.tree.nodes().iter().map(|n| n.token));
+        self.pending = Some((start, t1));
+        Ok(())
+    }
+
+    /// The rows of the step [`SpeculativeDecoder::draft_rows`] drafted and the cache they go into, while it is
+    /// pending.
+    pub fn pending_rows(&mut self) -> Option<(&TreeRows, &mut KvCache)> {
+        self.pending.map(|_| (&self.rows, &mut self.kv))
+    }
+
+    /// Steps 3 and 4 of a step begun by [`SpeculativeDecoder::draft_rows`]: `choices[i]` is the target's greedy
+    /// token after row `i`, `normed` the rows' final-normed states (`rows × n_embd`). Commits and returns 1 to
+    /// `depth + 1` tokens; the cache keeps the root and the accepted path. An error when no step is pending or the
+    /// rows do not match the tree (the cache is then cut back to where the step began).
+    pub fn commit_rows(&mut self, choices: &[u32], normed: &[f32]) -> Result<&[u32], SpeculativeError> {
+        let (start, t1) = self.pending.take().ok_or(SpeculativeError::Proposer("no drafted step to commit".into()))?;
+        let (n, d) = (self.tree.len(), self.model.config.n_embd);
+        if choices.len() != n || normed.len() != n * d || self.kv.seq_len() != start + n {
+            self.kv.truncate(start);
+            return Err(SpeculativeError::Proposer(
+                format!(
+                    "{} choices and {} normed rows for a tree of {n} rows ({} cached, {start} before the step)",
+                    choices.len(),
+                    normed.len() / d.max(1),
+                    self.kv.seq_len()
+                )
+                .into(),
+            ));
+        }
+        accept_greedy_tokens(&self.tree, choices, &mut self.acceptance);
+        let features = (self.feature_source == FeatureSource::FinalNorm).then_some(normed);
+        Ok(self.commit(start, t1, Some(features.unwrap_or(&[]))))
     }
 
     /// [`SpeculativeDecoder::step_at_most`] under a grammar: drafts the grammar forbids are dropped before the
@@ -324,7 +400,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         if !self.params.is_greedy() {
             return Err(SpeculativeError::ConstrainedSampling);
         }
-        let (start, t1) = self.draft(max_tokens)?;
+        let (start, t1) = self.draft(None, max_tokens)?;
         // Draft what the grammar forces (a chain below the root, merged with the proposer's nodes), within the
         // step's token and cache limits.
         let room = self.kv.capacity().saturating_sub(start);
@@ -388,12 +464,16 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             self.kv.truncate(start);
             return Err(e.into());
         }
-        Ok(self.commit(start, t1))
+        Ok(self.commit(start, t1, None))
     }
 
-    /// Step 1: drafts a tree below the root (none when only the root fits) and checks its tokens; returns the
-    /// cache length before the step and when drafting ended.
-    fn draft(&mut self, max_tokens: usize) -> Result<(usize, Instant), SpeculativeError> {
+    /// Step 1: drafts a tree below the root (none when only the root fits) on `pool` (default: the decoder's
+    /// own) and checks its tokens; returns the cache length before the step and when drafting ended.
+    fn draft(
+        &mut self,
+        pool: Option<&kernels::ThreadPool>,
+        max_tokens: usize,
+    ) -> Result<(usize, Instant), SpeculativeError> {
         let root = *self.tokens.last().ok_or(SpeculativeError::EmptyContext)?;
         let start = self.kv.seq_len();
         let room = self.kv.capacity().saturating_sub(start);
@@ -407,7 +487,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         if max_tokens > 1 && room > 1 {
             let context = DraftContext {
                 model: self.model,
-                pool: self.ws.pool(),
+                pool: pool.unwrap_or(self.ws.pool()),
                 tokens: &self.tokens,
                 features: &self.features,
                 feature_width: self.feature_width,
@@ -427,13 +507,14 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         Ok((start, t1))
     }
 
-    /// Step 4: compacts the cache to root + accepted path and commits the path's tokens and the bonus.
-    fn commit(&mut self, start: usize, t1: Instant) -> &[u32] {
+    /// Step 4: compacts the cache to root + accepted path and commits the path's tokens and the bonus; the
+    /// feature rows of the tree's nodes are `features`, or the verifier's.
+    fn commit(&mut self, start: usize, t1: Instant, features: Option<&[f32]>) -> &[u32] {
         let path = &self.acceptance.path;
         self.kv.compact(start, path);
         let width = self.feature_width;
         if width > 0 {
-            let rows = self.verifier.features();
+            let rows = features.unwrap_or(self.verifier.features());
             for &i in path {
                 self.features.extend_from_slice(&rows[i * width..(i + 1) * width]);
             }

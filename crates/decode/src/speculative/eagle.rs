@@ -690,7 +690,7 @@ impl Proposer for EagleProposer {
 pub(crate) mod tests {
     use super::*;
     use crate::{SamplingParams, SpeculativeDecoder};
-    use model::Workspace;
+    use model::{Mask, Workspace};
     use safetensors::tensor::TensorView;
     use safetensors::Dtype;
 
@@ -865,6 +865,102 @@ pub(crate) mod tests {
                 assert_eq!(got, want, "{arch} fuse {fuse:?}");
                 assert!(dec.stats().drafted_nodes > 0, "the head drafted nothing");
             }
+        }
+    }
+
+    #[test]
+    fn decoders_verified_together_in_one_forward_step_as_each_alone() {
+        let tree = TreeConfig { depth: 4, top_k: 3, budget: 8, min_prob: 0.0 };
+        let head = || DraftHead::from_bytes(&random_head_bytes(32, 64, 32, 5)).unwrap();
+        let prompts: [&[u32]; 2] = [&crate::test_util::PROMPT, &[9, 2, 2, 14, 6]];
+        let n = 30;
+        for arch in ["llama", "gemma3"] {
+            let model = model::testing::tiny_model(arch, None, 11, 64);
+            let d = model.config.n_embd;
+            let new =
+                || SpeculativeDecoder::new(&model, 128, 1, EagleProposer::new(head(), tree), SamplingParams::greedy());
+            // Each alone: its tokens and trees.
+            let alone: Vec<(Vec<u32>, Vec<Vec<u32>>)> = prompts
+                .iter()
+                .map(|p| {
+                    let mut dec = new();
+                    dec.feed(p).unwrap();
+                    let (mut got, mut trees) = (Vec::new(), Vec::new());
+                    while got.len() < n {
+                        got.extend_from_slice(dec.step_at_most(usize::MAX).unwrap());
+                        trees.push(dec.last_tree().nodes().iter().map(|node| node.token).collect());
+                    }
+                    (got, trees)
+                })
+                .collect();
+            // Together, one forward a step (the second capped at 2 rows every other step: still lossless).
+            for cap in [usize::MAX, 2] {
+                let mut decs: Vec<_> = prompts
+                    .iter()
+                    .map(|p| {
+                        let mut dec = new();
+                        dec.feed(p).unwrap();
+                        dec
+                    })
+                    .collect();
+                let mut ws = Workspace::new(2);
+                let (mut hidden, mut normed) = (Vec::new(), Vec::new());
+                let mut got = vec![Vec::new(); 2];
+                let mut trees = vec![Vec::new(); 2];
+                for step in 0.. {
+                    if got.iter().all(|g: &Vec<u32>| g.len() >= n) {
+                        break;
+                    }
+                    let caps = [usize::MAX, if step % 2 == 1 { cap } else { usize::MAX }];
+                    let [a, b] = &mut decs[..] else { unreachable!() };
+                    a.draft_rows(ws.pool(), usize::MAX, caps[0]).unwrap();
+                    b.draft_rows(ws.pool(), usize::MAX, caps[1]).unwrap();
+                    let ((ra, ka), (rb, kb)) = (a.pending_rows().unwrap(), b.pending_rows().unwrap());
+                    let (na, nb) = (ra.tokens.len(), rb.tokens.len());
+                    assert!(nb <= caps[1]);
+                    let rows = [
+                        model::Rows { tokens: &ra.tokens, positions: &ra.positions, mask: Mask::Allowed(&ra.mask) },
+                        model::Rows { tokens: &rb.tokens, positions: &rb.positions, mask: Mask::Allowed(&rb.mask) },
+                    ];
+                    model.forward_rows(&rows, &mut [ka, kb], &mut ws, &mut hidden).unwrap();
+                    normed.resize(hidden.len(), 0.0);
+                    model.final_norm(&hidden, &mut normed);
+                    let mut choices = vec![0u32; na + nb];
+                    model.head_argmax(&normed, na + nb, &mut choices, &mut ws);
+                    for (k, (dec, range)) in decs.iter_mut().zip([0..na, na..na + nb]).enumerate() {
+                        let committed =
+                            dec.commit_rows(&choices[range.clone()], &normed[range.start * d..range.end * d]);
+                        got[k].extend_from_slice(committed.unwrap());
+                        trees[k].push(dec.last_tree().nodes().iter().map(|node| node.token).collect::<Vec<u32>>());
+                    }
+                }
+                for k in 0..2 {
+                    got[k].truncate(n);
+                    let mut want = alone[k].0.clone();
+                    want.truncate(n);
+                    assert_eq!(got[k], want, "{arch}, sequence {k}, cap {cap}");
+                    if cap == usize::MAX {
+                        assert_eq!(
+                            trees[k][..alone[k].1.len().min(trees[k].len())],
+                            alone[k].1[..alone[k].1.len().min(trees[k].len())],
+                            "{arch}: other trees"
+                        );
+                    }
+                }
+                assert!(trees.iter().flatten().any(|t| t.len() > 2), "nothing drafted");
+            }
+            // A commit without a drafted step, or with rows that do not match the tree, is refused.
+            let mut dec = new();
+            dec.feed(prompts[0]).unwrap();
+            assert!(dec.commit_rows(&[1], &vec![0.0; d]).is_err());
+            let ws = Workspace::new(1);
+            assert!(dec.pending_rows().is_none());
+            dec.draft_rows(ws.pool(), usize::MAX, usize::MAX).unwrap();
+            let before = dec.pending_rows().unwrap().1.seq_len();
+            assert!(dec.commit_rows(&[1], &vec![0.0; d]).is_err());
+            assert!(dec.pending_rows().is_none());
+            dec.draft_rows(ws.pool(), usize::MAX, usize::MAX).unwrap();
+            assert_eq!(dec.pending_rows().unwrap().1.seq_len(), before);
         }
     }
 

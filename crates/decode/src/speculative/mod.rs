@@ -51,7 +51,7 @@ pub mod tree;
 pub mod verify;
 
 pub use datastore::{BuildOptions as DatastoreOptions, Datastore, DatastoreError};
-pub use decoder::{SpeculativeDecoder, SpeculativeStats};
+pub use decoder::{SpeculativeDecoder, SpeculativeStats, TreeRows};
 pub use eagle::{DraftHead, DraftHeadError, EagleProposer};
 pub use ngram::{LookupChain, NgramConfig, NgramProposer};
 pub use oracle::OracleProposer;
