@@ -74,6 +74,7 @@ def specee_server(a, model, parallel, prefix_cache=None):
            "--queue", "256", "-c", str(a.ctx)]
     if prefix_cache is not None:
         cmd += ["--prefix-cache", str(prefix_cache)]
+    cmd += a.serve_args.split()
     return Server(cmd, port, "specee serve")
 
 
@@ -296,6 +297,7 @@ def main():
                     help="--prefix: the server's --parallel (1: the single worker keeping its last request's cache)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--specee", default=os.path.join(ROOT, "target/release/specee"))
+    ap.add_argument("--serve-args", default="", help="more options of `specee serve`, e.g. \"--tree-rows 1\"")
     a = ap.parse_args()
     model = a.model
     if model in MODELS:

@@ -290,7 +290,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
     /// [`SpeculativeDecoder::step`], committing at most `max_tokens` tokens (at least 1): the tree is cut below
     /// depth `max_tokens - 1`. Use it to stop exactly at a length limit.
     pub fn step_at_most(&mut self, max_tokens: usize) -> Result<&[u32], SpeculativeError> {
-        let (start, t1) = self.draft(None, max_tokens)?;
+        let (start, t1) = self.draft(None, max_tokens, usize::MAX)?;
         let vocab = self.model.config.vocab_size;
         // 2. Verify and 3. accept. Greedy settings without a penalty need only each node's greedy token (the
         // head screen); everything else needs the logits.
@@ -348,8 +348,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             ));
         }
         self.pending = None;
-        let (start, t1) = self.draft(Some(pool), max_tokens)?;
-        self.tree.truncate(max_rows.max(1));
+        let (start, t1) = self.draft(Some(pool), max_tokens, max_rows)?;
         self.tree.ancestor_mask(&mut self.rows.mask);
         self.tree.positions(start as u32, &mut self.rows.positions);
         self.rows.tokens.clear();
@@ -400,7 +399,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         if !self.params.is_greedy() {
             return Err(SpeculativeError::ConstrainedSampling);
         }
-        let (start, t1) = self.draft(None, max_tokens)?;
+        let (start, t1) = self.draft(None, max_tokens, usize::MAX)?;
         // Draft what the grammar forces (a chain below the root, merged with the proposer's nodes), within the
         // step's token and cache limits.
         let room = self.kv.capacity().saturating_sub(start);
@@ -467,12 +466,14 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         Ok(self.commit(start, t1, None))
     }
 
-    /// Step 1: drafts a tree below the root (none when only the root fits) on `pool` (default: the decoder's
-    /// own) and checks its tokens; returns the cache length before the step and when drafting ended.
+    /// Step 1: drafts a tree below the root (none when only the root fits, or `max_rows` is 1) on `pool`
+    /// (default: the decoder's own), cut to `max_rows` rows, and checks its tokens; returns the cache length
+    /// before the step and when drafting ended.
     fn draft(
         &mut self,
         pool: Option<&kernels::ThreadPool>,
         max_tokens: usize,
+        max_rows: usize,
     ) -> Result<(usize, Instant), SpeculativeError> {
         let root = *self.tokens.last().ok_or(SpeculativeError::EmptyContext)?;
         let start = self.kv.seq_len();
@@ -484,7 +485,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         // 1. Propose (unless only the root could be verified anyway).
         let t0 = Instant::now();
         self.tree.reset(root);
-        if max_tokens > 1 && room > 1 {
+        if max_tokens > 1 && room > 1 && max_rows > 1 {
             let context = DraftContext {
                 model: self.model,
                 pool: pool.unwrap_or(self.ws.pool()),
@@ -497,7 +498,7 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
             self.stable_prefix = self.tokens.len();
         }
         self.tree.prune_deeper_than(max_tokens.max(1) - 1);
-        self.tree.truncate(room);
+        self.tree.truncate(room.min(max_rows));
         let vocab = self.model.config.vocab_size;
         if let Some((node, n)) = self.tree.nodes().iter().enumerate().find(|(_, n)| n.token as usize >= vocab) {
             return Err(SpeculativeError::BadDraftToken { node, token: n.token, vocab });

@@ -893,8 +893,8 @@ pub(crate) mod tests {
                     (got, trees)
                 })
                 .collect();
-            // Together, one forward a step (the second capped at 2 rows every other step: still lossless).
-            for cap in [usize::MAX, 2] {
+            // Together, one forward a step (the second capped at 2 rows, or 1 — its root only, nothing drafted —, every other step: still lossless).
+            for cap in [usize::MAX, 2, 1] {
                 let mut decs: Vec<_> = prompts
                     .iter()
                     .map(|p| {
