@@ -197,7 +197,11 @@ async fn serve(engine: engine::Engine, config: Config) -> Result<(), ServerError
              budget {} tokens, prefix cache {} tokens",
             config.model_id,
             b.parallel,
-            if config.resources.draft.is_some() { "; a greedy eagle request alone drafts trees" } else { "" },
+            match (config.resources.draft.is_some(), b.tree_rows > 1) {
+                (true, true) => format!("; greedy eagle requests draft trees, {} rows shared", b.tree_rows),
+                (true, false) => "; a greedy eagle request alone drafts trees".to_string(),
+                _ => String::new(),
+            },
             b.threads,
             config.queue,
             config.ctx,

@@ -20,8 +20,8 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub mode: String,
     /// Requests generated at once. From 2 on they are batched: every forward carries the next token of each
-    /// request and chunks of new prompts (continuous batching, decoded as dense rows: lossless), with a KV pool
-    /// and a prefix cache; a greedy eagle request that is alone goes on with draft trees until another arrives.
+    /// request and chunks of new prompts (continuous batching, lossless), with a KV pool and a prefix cache;
+    /// greedy eagle requests draft trees verified in the same forwards (see --tree-rows).
     /// At 1, each request runs alone in its mode (eagle, specee) on every thread.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
