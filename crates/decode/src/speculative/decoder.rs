@@ -330,8 +330,8 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
     /// Step 1 of a greedy step whose target forward the caller runs, batched with other sequences' rows (the
     /// batching server's): drafts a tree below the root on `pool`, committing at most `max_tokens` and verifying at
     /// most `max_rows` rows (root included; 1: no drafts, a dense step); [`SpeculativeDecoder::pending_rows`]
-    /// then gives its rows and the cache they go into. The caller runs them through the target (e.g. [`model::Model::forward_rows`]) — which appends one
-    /// cache slot per row — and hands the greedy token after each row and the rows' final-normed states to
+    /// then gives its rows and the cache they go into. The caller runs them through the target (e.g.
+    /// [`model::Model::forward_rows`]) — which appends one cache slot per row — and hands the greedy token after each row and the rows' final-normed states to
     /// [`SpeculativeDecoder::commit_rows`]. The result is exactly [`SpeculativeDecoder::step_at_most`]'s when the
     /// tree is the same. Greedy settings without a penalty only, and proposers that read no layer inputs
     /// ([`FeatureSource::None`] or [`FeatureSource::FinalNorm`]).
@@ -371,16 +371,14 @@ impl<'m, P: Proposer> SpeculativeDecoder<'m, P> {
         let (start, t1) = self.pending.take().ok_or(SpeculativeError::Proposer("no drafted step to commit".into()))?;
         let (n, d) = (self.tree.len(), self.model.config.n_embd);
         if choices.len() != n || normed.len() != n * d || self.kv.seq_len() != start + n {
+            let why = format!(
+                "{} choices and {} normed rows for a tree of {n} rows ({} cached, {start} before the step)",
+                choices.len(),
+                normed.len() / d.max(1),
+                self.kv.seq_len()
+            );
             self.kv.truncate(start);
-            return Err(SpeculativeError::Proposer(
-                format!(
-                    "{} choices and {} normed rows for a tree of {n} rows ({} cached, {start} before the step)",
-                    choices.len(),
-                    normed.len() / d.max(1),
-                    self.kv.seq_len()
-                )
-                .into(),
-            ));
+            return Err(SpeculativeError::Proposer(why.into()));
         }
         accept_greedy_tokens(&self.tree, choices, &mut self.acceptance);
         let features = (self.feature_source == FeatureSource::FinalNorm).then_some(normed);
