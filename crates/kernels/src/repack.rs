@@ -55,15 +55,23 @@ pub fn x8_block_bytes(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_1 => Some(x8_legacy_bytes(true)),
         GgmlType::Q4_K => Some(Q4_K_X8_BYTES),
         GgmlType::Q8_0 => Some(Q8_0_X8_BYTES),
+        GgmlType::Q5_0 => Some(Q5_0_X8_BYTES),
         _ => None,
     }
 }
 
-/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q8_0 only where
-/// the CPU has the AVX-512 VNNI kernel for it (elsewhere its interleaved products would take the scalar path).
+/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q8_0 and Q5_0
+/// only where the CPU has the AVX-512 VNNI kernels for them (elsewhere their interleaved products would take the
+/// scalar path; Q5_0 is then converted to Q8_0 by [`q5_0_to_q8_0`] instead). `SPECEE_Q5_X8=0` converts Q5_0 to
+/// Q8_0 there too (to measure the difference).
 pub fn interleave_pays(ty: GgmlType) -> bool {
+    static Q5_X8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match ty {
         GgmlType::Q8_0 => crate::kernel::Isa::current() == crate::kernel::Isa::Avx512,
+        GgmlType::Q5_0 => {
+            crate::kernel::Isa::current() == crate::kernel::Isa::Avx512
+                && *Q5_X8.get_or_init(|| std::env::var("SPECEE_Q5_X8").map_or(true, |v| v != "0"))
+        }
         _ => interleavable(ty),
     }
 }
@@ -75,6 +83,16 @@ pub const Q8_0_X8_BYTES: usize = 16 + 32 + 256;
 pub const Q8_0_X8_OFFSETS: usize = 16;
 /// Where the interleaved Q8_0 values start.
 pub const Q8_0_X8_QS: usize = 48;
+
+/// Bytes of one block column of 8 interleaved Q5_0 rows: the eight rows' `d` (f16), the fifth bits as eight
+/// 32-bit masks (register `i`'s low-nibble mask at `16 + 8i`, its high-nibble mask at `20 + 8i`: bit `4r + e` is
+/// the fifth bit of the value that byte `4r + e` of the register holds in that nibble), then the four nibble
+/// registers as Q4_0's. The file's size: native Q5_0 reads 5.5 bits a weight where the Q8_0 conversion reads 8.5.
+pub const Q5_0_X8_BYTES: usize = 8 * Q5_0_BYTES;
+/// Where the interleaved Q5_0 fifth-bit masks start.
+pub const Q5_0_X8_QH: usize = 16;
+/// Where the interleaved Q5_0 nibble registers start.
+pub const Q5_0_X8_QS: usize = 48;
 
 /// Bytes of one block column of 8 interleaved Q4_0/Q4_1 rows: the eight rows' `d` (f16), for Q4_1 their `m`
 /// (f16), then 128 bytes of nibbles.
@@ -104,12 +122,14 @@ pub const Q4_K_X8_SCALES: usize = 32;
 pub const Q4_K_X8_MINS: usize = 96;
 pub const Q4_K_X8_QS: usize = 160;
 
-/// Reorders a Q4_0, Q4_1 or Q4_K matrix of `rows` rows (a multiple of 8) and `cols` columns into groups of 8
+/// Reorders a Q4_0, Q4_1, Q5_0, Q4_K or Q8_0 matrix of `rows` rows (a multiple of 8) and `cols` columns into groups of 8
 /// rows, block column by block column: group `g` (rows `8g..8g+8`) holds block column `b` at `(g * nb + b) *`
 /// [`x8_block_bytes`], where the nibbles form 32-byte registers holding 4 bytes of each of the 8 rows (row `r`
 /// at bytes `4r..4r+4`):
 /// - Q4_0/Q4_1: the 8 rows' `d`, for Q4_1 their `m`, then four registers; register `i` holds row `r`'s packed
 ///   bytes `qs[4i..4i+4]` (low nibbles: values `4i..4i+4`, high nibbles: values `16+4i..`). Same size as the file.
+/// - Q5_0: `d`, the fifth bits as masks over the four registers ([`Q5_0_X8_BYTES`]), then the registers as Q4_0.
+///   Same size as the file.
 /// - Q4_K: `d`, `dmin`, the decoded 6-bit scales and mins as bytes, then 32 registers; register `8k + i` holds
 ///   row `r`'s `qs[32k+4i..32k+4i+4]` (low nibbles: sub-block `2k`'s values `4i..4i+4`, high: sub-block `2k+1`'s).
 ///   32 bytes per 8 rows larger than the file (the scales unpacked).
@@ -133,7 +153,7 @@ pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8
                 let blk = &src[(8 * g + r) * rb + b * bytes..][..bytes];
                 // d, then dmin (Q4_K) or m (Q4_1): f16 fields at the front of every type's block.
                 dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                if ty != GgmlType::Q4_0 && ty != GgmlType::Q8_0 {
+                if !matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0) {
                     dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
                 }
                 let (qs, regs) = match ty {
@@ -142,6 +162,19 @@ pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8
                         let at = Q8_0_X8_OFFSETS + 4 * r;
                         dst[at..at + 4].copy_from_slice(&(-128 * sum).to_le_bytes());
                         (&blk[2..], &mut dst[Q8_0_X8_QS..])
+                    }
+                    GgmlType::Q5_0 => {
+                        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                        for i in 0..4 {
+                            for e in 0..4 {
+                                let bit = 4 * r + e;
+                                for (half, value) in [(0, 4 * i + e), (4, 16 + 4 * i + e)] {
+                                    let byte = Q5_0_X8_QH + 8 * i + half + bit / 8;
+                                    dst[byte] |= (((qh >> value) & 1) as u8) << (bit % 8);
+                                }
+                            }
+                        }
+                        (&blk[6..], &mut dst[Q5_0_X8_QS..])
                     }
                     GgmlType::Q4_K => {
                         let (sc, mn) = crate::blocks::k4_scales_mins(&blk[4..16]);

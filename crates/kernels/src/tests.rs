@@ -387,7 +387,7 @@ fn every_row_is_bit_identical_whatever_the_token_count() {
     }
 }
 
-/// Q4_0/Q4_1/Q4_K/Q8_0 interleaved by 8 rows give the plain layout's products on every level (up to float
+/// Q4_0/Q4_1/Q5_0/Q4_K/Q8_0 interleaved by 8 rows give the plain layout's products on every level (up to float
 /// summation order), for ragged shapes and every tile size, and a row's result does not depend on how many
 /// activation rows share the call.
 #[test]
@@ -400,6 +400,7 @@ fn interleaved_matrices_match_the_row_layout() {
     let cases = [
         (GgmlType::Q4_0, &legacy[..]),
         (GgmlType::Q4_1, &legacy[..]),
+        (GgmlType::Q5_0, &legacy[..]),
         (GgmlType::Q4_K, &k_shapes[..]),
         (GgmlType::Q8_0, &legacy[..]),
     ];
@@ -459,6 +460,10 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
     let q8_0 = vec![0u8; 304];
     assert!(QMatrix::interleaved8(GgmlType::Q8_0, &q8_0[..8 * 34], 8, 32).is_err());
     assert_eq!(QMatrix::interleaved8(GgmlType::Q8_0, &q8_0, 8, 32).unwrap().row_bytes(), 38);
+    // Q5_0: the file's 8 × 22 bytes per 8 rows and block (the fifth bits rearranged, not widened).
+    let q5_0 = vec![0u8; 176];
+    assert_eq!(QMatrix::interleaved8(GgmlType::Q5_0, &q5_0, 8, 32).unwrap().row_bytes(), 22);
+    assert!(QMatrix::interleaved8(GgmlType::Q5_0, &q5_0[..170], 8, 32).is_err());
     let q6_k = vec![0u8; 8 * 210];
     assert!(QMatrix::interleaved8(GgmlType::Q6_K, &q6_k, 8, 256).is_err());
 }
@@ -469,7 +474,7 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
 #[test]
 fn interleaved_kernels_write_only_their_outputs() {
     let mut rng = Rng(0x0dd_6a05_0075);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q8_0] {
         let cols = if ty == GgmlType::Q4_K { 256 } else { 64 };
         for rows in [8, 24] {
             let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);

@@ -25,19 +25,21 @@ impl Matrix {
         self.ty.row_bytes(self.cols).unwrap_or(0)
     }
 
-    /// Converts a matrix into an exactly equal form whose kernels are faster ([`kernels::repack`]): Q5_0 into
-    /// Q8_0, and then matrices with a multiple of 8 rows whose interleaved kernels are faster on this CPU
-    /// ([`kernels::repack::interleave_pays`]: Q4_0, Q4_1, Q4_K; Q8_0 with AVX-512 VNNI) into groups of 8
-    /// interleaved rows; other types are left as they are.
+    /// Converts a matrix into an exactly equal form whose kernels are faster ([`kernels::repack`]): matrices with
+    /// a multiple of 8 rows whose interleaved kernels are faster on this CPU ([`kernels::repack::interleave_pays`]:
+    /// Q4_0, Q4_1, Q4_K; Q5_0 and Q8_0 with AVX-512 VNNI) into groups of 8 interleaved rows; Q5_0 without its
+    /// interleaved kernel into Q8_0 (then interleaved where that pays); other types are left as they are.
     pub fn repack(&mut self, file: &GgufFile) {
         if self.owned.is_some() {
             return;
         }
         let bytes = file.tensor_bytes(&self.info);
-        let converted = (self.ty == GgmlType::Q5_0).then(|| kernels::repack::q5_0_to_q8_0(bytes));
+        let interleaves = |ty| kernels::repack::interleave_pays(ty) && self.rows % 8 == 0;
+        let converted =
+            (self.ty == GgmlType::Q5_0 && !interleaves(GgmlType::Q5_0)).then(|| kernels::repack::q5_0_to_q8_0(bytes));
         let ty = if converted.is_some() { GgmlType::Q8_0 } else { self.ty };
         let source = converted.as_deref().unwrap_or(bytes);
-        if kernels::repack::interleave_pays(ty) && self.rows % 8 == 0 {
+        if interleaves(ty) {
             self.owned = Some(kernels::repack::interleave8(ty, source, self.rows, self.cols).into());
             self.layout = kernels::Layout::Interleaved8;
         } else if let Some(converted) = converted {

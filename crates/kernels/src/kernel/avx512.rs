@@ -392,15 +392,15 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
 
 /// The interleaved Q4_0 (`MIN = false`) or Q4_1 kernel ([`crate::repack::interleave8`]) with VNNI. Only called
 /// after `Isa::Avx512.available()`.
-pub(crate) fn q4_x8_kernel<const MIN: bool>() -> super::GroupKernel {
+pub(crate) fn q4_x8_kernel<const MIN: bool, const FIVE: bool>() -> super::GroupKernel {
     // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q4_x8` checks the shapes it
     // reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN>(w, cols, a, t0, nt, o, stride) }
+    |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN, FIVE>(w, cols, a, t0, nt, o, stride) }
 }
 
-/// Q4_0/Q4_1 weights interleaved by 8 rows × `nt` activation rows.
+/// Q4_0/Q4_1 (or Q5_0 when `FIVE`) weights interleaved by 8 rows × `nt` activation rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn q4_x8<const MIN: bool>(
+unsafe fn q4_x8<const MIN: bool, const FIVE: bool>(
     w: &[u8],
     cols: usize,
     a: &Acts,
@@ -412,10 +412,19 @@ unsafe fn q4_x8<const MIN: bool>(
     let nb = cols / 32;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
-    let group_bytes = nb * crate::repack::x8_legacy_bytes(MIN);
+    let group_bytes = nb * x8_bytes::<MIN, FIVE>().0;
     for_group_pairs(w, group_bytes, nt, out, stride, |grp, second, j, n, o| {
-        tile!(q4_x16_tokens::<MIN>, n, grp, second, a, t0 + j, o, stride)
+        tile!(q4_x16_tokens::<MIN, FIVE>, n, grp, second, a, t0 + j, o, stride)
     });
+}
+
+/// Bytes of one interleaved block column and where its nibble registers start: Q4_0/Q4_1, or Q5_0 when `FIVE`.
+const fn x8_bytes<const MIN: bool, const FIVE: bool>() -> (usize, usize) {
+    if FIVE {
+        (crate::repack::Q5_0_X8_BYTES, crate::repack::Q5_0_X8_QS)
+    } else {
+        (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN))
+    }
 }
 
 /// Walks `w`'s groups of 8 interleaved rows (`group_bytes` each) two at a time: `pair(grp, second, j, n, out)` for
@@ -472,18 +481,20 @@ pub(super) unsafe fn pair_reg(b0: *const u8, b1: *const u8, off: usize) -> __m51
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_loadu_si256(b1.add(off) as *const __m256i))
 }
 
-/// Two groups of 8 interleaved Q4_0/Q4_1 rows (`grp` and `grp + second`; see [`for_group_pairs`]) × activation
-/// rows `t..t+G`, written to `out[j * stride + 0..16]`.
+/// Two groups of 8 interleaved Q4_0/Q4_1/Q5_0 rows (`grp` and `grp + second`; see [`for_group_pairs`]) ×
+/// activation rows `t..t+G`, written to `out[j * stride + 0..16]`.
 ///
-/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 16 rows): the nibbles are unpacked once,
-/// and per activation row two `vpdpbusd` (unsigned nibbles × the row's 4 signed values broadcast to every lane)
-/// add into the 16 rows' i32 block sums — no i16 stage. Then, as the AVX2 kernel (same integers, same float
-/// operations, so the same results): `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0) and
-/// `s_x = d_x·Σx`. With few activation rows the low and high nibbles add into separate sums (shorter chains).
-/// Two groups per 512-bit register halve the instructions per weight row of one group per 256-bit register.
+/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 16 rows): the nibbles are unpacked once
+/// (Q5_0: plus 16 where the fifth bit is set, one masked byte add per nibble half with the two groups' 32-bit masks
+/// as one 64-bit mask), and per activation row two `vpdpbusd` (unsigned values × the row's 4 signed values
+/// broadcast to every lane) add into the 16 rows' i32 block sums — no i16 stage. Then, as the AVX2 kernel (same
+/// integers, same float operations, so the same results): `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1),
+/// `-8·d_w` (Q4_0) or `-16·d_w` (Q5_0) and `s_x = d_x·Σx`. With few activation rows the low and high nibbles add
+/// into separate sums (shorter chains). Two groups per 512-bit register halve the instructions per weight row of
+/// one group per 256-bit register.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[inline]
-unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
+unsafe fn q4_x16_tokens<const MIN: bool, const FIVE: bool, const G: usize>(
     grp: *const u8,
     second: usize,
     a: &Acts,
@@ -492,9 +503,11 @@ unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
     stride: usize,
 ) {
     let (nb, cols) = (a.nb, a.cols);
-    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let (xb, regs) = x8_bytes::<MIN, FIVE>();
     let split = G <= 4;
     let low4 = _mm512_set1_epi8(0x0F);
+    let sixteen = _mm512_set1_epi8(16);
+    let offset = _mm512_set1_ps(if FIVE { -16.0 } else { -8.0 });
     let y0 = a.qs.as_ptr().add(t * cols);
     let (d0, s0) = (a.d.as_ptr().add(t * nb), a.s.as_ptr().add(t * nb));
     let mut acc = [_mm512_setzero_ps(); G];
@@ -506,12 +519,22 @@ unsafe fn q4_x16_tokens<const MIN: bool, const G: usize>(
         let mut hi_sum = [_mm512_setzero_si512(); G];
         for i in 0..4 {
             let p = pair_reg(b0, b1, regs + 32 * i);
-            let lo = _mm512_and_si512(p, low4);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low4);
+            let mut lo = _mm512_and_si512(p, low4);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(p), low4);
+            if FIVE {
+                // The two groups' masks of this register: the first group's bytes are the low 256 bits.
+                let mask = |half: usize| {
+                    let at = crate::repack::Q5_0_X8_QH + 8 * i + half;
+                    let m0 = (b0.add(at) as *const u32).read_unaligned() as u64;
+                    _cvtu64_mask64(m0 | ((b1.add(at) as *const u32).read_unaligned() as u64) << 32)
+                };
+                lo = _mm512_mask_add_epi8(lo, mask(0), lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, mask(4), hi, sixteen);
+            }
             dot_tokens(lo, hi, y0.add(32 * b + 4 * i), cols, split, &mut lo_sum, &mut hi_sum);
         }
         let dw = pair_f16(b0, b1, 0);
-        let cw = if MIN { pair_f16(b0, b1, 16) } else { _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)) };
+        let cw = if MIN { pair_f16(b0, b1, 16) } else { _mm512_mul_ps(dw, offset) };
         for (j, acc) in acc.iter_mut().enumerate() {
             let isum = if split { _mm512_add_epi32(lo_sum[j], hi_sum[j]) } else { lo_sum[j] };
             let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d0.add(j * nb + b)));

@@ -96,16 +96,17 @@ pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Optio
     }
 }
 
-/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q4_K, Q8_0; AVX2 has no Q8_0 one: such
-/// matrices are interleaved only where [`crate::repack::interleave_pays`]).
+/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q5_0, Q4_K, Q8_0; AVX2 has no Q8_0 or
+/// Q5_0 one: such matrices are interleaved only where [`crate::repack::interleave_pays`]).
 pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && Isa::Avx512.available() {
         return match ty {
-            GgmlType::Q4_0 => Some(avx512::q4_x8_kernel::<false>()),
-            GgmlType::Q4_1 => Some(avx512::q4_x8_kernel::<true>()),
+            GgmlType::Q4_0 => Some(avx512::q4_x8_kernel::<false, false>()),
+            GgmlType::Q4_1 => Some(avx512::q4_x8_kernel::<true, false>()),
             GgmlType::Q4_K => Some(avx512::q4_k_x8_kernel()),
             GgmlType::Q8_0 => Some(avx512::q8_x8_kernel()),
+            GgmlType::Q5_0 => Some(avx512::q4_x8_kernel::<false, true>()),
             _ => None,
         };
     }
@@ -116,13 +117,15 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
             GgmlType::Q4_1 => Some(avx2::q4_x8_kernel::<true>()),
             GgmlType::Q4_K => Some(avx2::q4_k_x8_kernel()),
             GgmlType::Q8_0 => Some(scalar::q8_x8),
+            GgmlType::Q5_0 => Some(scalar::q4_x8::<false, true>),
             _ => None,
         };
     }
     let _ = isa;
     match ty {
-        GgmlType::Q4_0 => Some(scalar::q4_x8::<false>),
-        GgmlType::Q4_1 => Some(scalar::q4_x8::<true>),
+        GgmlType::Q4_0 => Some(scalar::q4_x8::<false, false>),
+        GgmlType::Q4_1 => Some(scalar::q4_x8::<true, false>),
+        GgmlType::Q5_0 => Some(scalar::q4_x8::<false, true>),
         GgmlType::Q4_K => Some(scalar::q4_k_x8),
         GgmlType::Q8_0 => Some(scalar::q8_x8),
         _ => None,
@@ -131,16 +134,16 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
 
 /// Calls `f::<N>` with the tile size as a constant.
 macro_rules! tile {
-    ($f:ident $(::<$k:tt>)?, $nt:expr, $($arg:expr),*) => {
+    ($f:ident $(::<$($k:tt),+>)?, $nt:expr, $($arg:expr),*) => {
         match $nt {
-            1 => $f::<$($k,)? 1>($($arg),*),
-            2 => $f::<$($k,)? 2>($($arg),*),
-            3 => $f::<$($k,)? 3>($($arg),*),
-            4 => $f::<$($k,)? 4>($($arg),*),
-            5 => $f::<$($k,)? 5>($($arg),*),
-            6 => $f::<$($k,)? 6>($($arg),*),
-            7 => $f::<$($k,)? 7>($($arg),*),
-            8 => $f::<$($k,)? 8>($($arg),*),
+            1 => $f::<$($($k,)+)? 1>($($arg),*),
+            2 => $f::<$($($k,)+)? 2>($($arg),*),
+            3 => $f::<$($($k,)+)? 3>($($arg),*),
+            4 => $f::<$($($k,)+)? 4>($($arg),*),
+            5 => $f::<$($($k,)+)? 5>($($arg),*),
+            6 => $f::<$($($k,)+)? 6>($($arg),*),
+            7 => $f::<$($($k,)+)? 7>($($arg),*),
+            8 => $f::<$($($k,)+)? 8>($($arg),*),
             n => panic!("tile of {n} activation rows"),
         }
     };

@@ -304,10 +304,11 @@ fn dot_q3_k(row: &[u8], a: &Acts, t: usize) -> f32 {
     sumf
 }
 
-/// Q4_0 (`MIN = false`) or Q4_1 weights interleaved by 8 rows ([`crate::repack::interleave8`]) × `nt` activation
-/// rows: `out[j * stride + r] = dot(row r, activation row t0 + j)`, the formulas of [`dot_q4_0`]/[`dot_q4_1`]
-/// (`-8 · d · Σ(y · d_y)` for Q4_0's offset).
-pub(crate) fn q4_x8<const MIN: bool>(
+/// Q4_0 (`MIN = false`), Q4_1 (`MIN`) or Q5_0 (`FIVE`) weights interleaved by 8 rows
+/// ([`crate::repack::interleave8`]) × `nt` activation rows: `out[j * stride + r] = dot(row r, activation row t0 +
+/// j)`, the formulas of [`dot_q4_0`]/[`dot_q4_1`] (`-8 · d · Σ(y · d_y)` for Q4_0's offset, `-16 · …` for Q5_0's,
+/// whose values are the nibble plus 16 where the fifth bit is set).
+pub(crate) fn q4_x8<const MIN: bool, const FIVE: bool>(
     w: &[u8],
     cols: usize,
     a: &Acts,
@@ -316,24 +317,41 @@ pub(crate) fn q4_x8<const MIN: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
+    use crate::repack::{Q5_0_X8_BYTES, Q5_0_X8_QH, Q5_0_X8_QS};
     let nb = cols / QK;
-    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let (xb, regs) = if FIVE {
+        (Q5_0_X8_BYTES, Q5_0_X8_QS)
+    } else {
+        (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN))
+    };
+    let offset = if FIVE { -16.0 } else { -8.0 };
     for (g, grp) in w.chunks_exact(nb * xb).enumerate() {
         for j in 0..nt {
             let (qs, d, s) = q8(a, t0 + j);
             let mut sumf = [0.0f32; 8];
             for (b, blk) in grp.chunks_exact(xb).enumerate() {
                 let y = &qs[b * QK..b * QK + QK];
+                // The fifth bit of byte `bit` of register `i`'s low (`half` 0) or high (4) nibbles.
+                let fifth = |i: usize, half: usize, bit: usize| -> i32 {
+                    if FIVE {
+                        let m = &blk[Q5_0_X8_QH + 8 * i + half..][..4];
+                        16 * ((u32::from_le_bytes([m[0], m[1], m[2], m[3]]) >> bit) & 1) as i32
+                    } else {
+                        0
+                    }
+                };
                 for (r, sumf) in sumf.iter_mut().enumerate() {
                     let mut sumi = 0i32;
                     for i in 0..4 {
                         for e in 0..4 {
                             let q = blk[regs + 32 * i + 4 * r + e];
-                            sumi += (q & 0xF) as i32 * y[4 * i + e] as i32 + (q >> 4) as i32 * y[16 + 4 * i + e] as i32;
+                            let lo = (q & 0xF) as i32 + fifth(i, 0, 4 * r + e);
+                            let hi = (q >> 4) as i32 + fifth(i, 4, 4 * r + e);
+                            sumi += lo * y[4 * i + e] as i32 + hi * y[16 + 4 * i + e] as i32;
                         }
                     }
                     let dw = read_f16(blk, 2 * r);
-                    let cw = if MIN { read_f16(blk, 16 + 2 * r) } else { -8.0 * dw };
+                    let cw = if MIN { read_f16(blk, 16 + 2 * r) } else { offset * dw };
                     *sumf += (dw * d[b]) * sumi as f32 + cw * s[b];
                 }
             }
