@@ -14,6 +14,15 @@
 //! 109 µs for eight; SmolLM2 prefill 1.6×, decode 1.2× (medians of 3 paired `specee bench -p 128 -n 128` runs with
 //! and without `SPECEE_REPACK=0`).
 //!
+//! Q5_0 → interleaved by 8 rows as it is, where the CPU has AVX-512 VNNI ([`interleave_pays`]; elsewhere the Q8_0
+//! conversion above): the nibbles as Q4_0's, the fifth bits rearranged into one 32-bit mask per nibble register and
+//! half ([`Q5_0_X8_BYTES`]), which the kernel adds in with one masked byte add (16 where the bit is set). It reads
+//! the file's 5.5 bits per weight instead of the conversion's 8.5, and decoding is bandwidth-bound. Session 57, the
+//! 2-vCPU Emerald Rapids VM, `specee bench -p 128 -n 128 -r 3 -t 2` alternating with `SPECEE_Q5_X8=0`: Qwen2.5-Coder
+//! 0.5B (24 layers of Q5_0 gate/up/q/k/o) decode 74.2 / 75.5 vs 52.7 / 44.9 tok/s, prefill 411 / 421 vs 319 / 284;
+//! Gemma 3 270M decode 107.7 / 98.7 vs 96.2 / 91.3, prefill 704 / 684 vs 737 / 728 (its multi-row products pay
+//! for the masks).
+//!
 //! Q8_0 → interleaved by 8 rows too, where the CPU has AVX-512 VNNI ([`interleave_pays`]; 32 bytes per 8 rows and
 //! block larger: each row's `-128 · Σq`, the offset of the VNNI kernel's unsigned activations). Measured on a
 //! 2-core Zen 4 (`kbench`, 2 threads): Gemma's 2048 × 640 Q8_0 one row 25 → 12 µs; its 262,144 × 640 head 8 rows
@@ -122,10 +131,10 @@ pub const Q4_K_X8_SCALES: usize = 32;
 pub const Q4_K_X8_MINS: usize = 96;
 pub const Q4_K_X8_QS: usize = 160;
 
-/// Reorders a Q4_0, Q4_1, Q5_0, Q4_K or Q8_0 matrix of `rows` rows (a multiple of 8) and `cols` columns into groups of 8
-/// rows, block column by block column: group `g` (rows `8g..8g+8`) holds block column `b` at `(g * nb + b) *`
-/// [`x8_block_bytes`], where the nibbles form 32-byte registers holding 4 bytes of each of the 8 rows (row `r`
-/// at bytes `4r..4r+4`):
+/// Reorders a Q4_0, Q4_1, Q5_0, Q4_K or Q8_0 matrix of `rows` rows (a multiple of 8) and `cols` columns into
+/// groups of 8 rows, block column by block column: group `g` (rows `8g..8g+8`) holds block column `b` at
+/// `(g * nb + b) *` [`x8_block_bytes`], where the nibbles form 32-byte registers holding 4 bytes of each of the 8
+/// rows (row `r` at bytes `4r..4r+4`):
 /// - Q4_0/Q4_1: the 8 rows' `d`, for Q4_1 their `m`, then four registers; register `i` holds row `r`'s packed
 ///   bytes `qs[4i..4i+4]` (low nibbles: values `4i..4i+4`, high nibbles: values `16+4i..`). Same size as the file.
 /// - Q5_0: `d`, the fifth bits as masks over the four registers ([`Q5_0_X8_BYTES`]), then the registers as Q4_0.
