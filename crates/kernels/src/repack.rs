@@ -113,6 +113,16 @@ pub const fn x8_legacy_bytes(has_min: bool) -> usize {
     }
 }
 
+/// Bytes of one interleaved Q4_0 / Q4_1 (`has_min`) / Q5_0 (`fifth`) block column and where its four nibble
+/// registers start: the layout the kernels of all three walk.
+pub const fn x8_nibble_layout(has_min: bool, fifth: bool) -> (usize, usize) {
+    if fifth {
+        (Q5_0_X8_BYTES, Q5_0_X8_QS)
+    } else {
+        (x8_legacy_bytes(has_min), x8_regs_offset(has_min))
+    }
+}
+
 /// Where the four nibble registers start in an interleaved Q4_0/Q4_1 block column (after the `d`s and, for
 /// Q4_1, the `m`s).
 pub const fn x8_regs_offset(has_min: bool) -> usize {

@@ -412,19 +412,10 @@ unsafe fn q4_x8<const MIN: bool, const FIVE: bool>(
     let nb = cols / 32;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
-    let group_bytes = nb * x8_bytes::<MIN, FIVE>().0;
+    let group_bytes = nb * crate::repack::x8_nibble_layout(MIN, FIVE).0;
     for_group_pairs(w, group_bytes, nt, out, stride, |grp, second, j, n, o| {
         tile!(q4_x16_tokens::<MIN, FIVE>, n, grp, second, a, t0 + j, o, stride)
     });
-}
-
-/// Bytes of one interleaved block column and where its nibble registers start: Q4_0/Q4_1, or Q5_0 when `FIVE`.
-const fn x8_bytes<const MIN: bool, const FIVE: bool>() -> (usize, usize) {
-    if FIVE {
-        (crate::repack::Q5_0_X8_BYTES, crate::repack::Q5_0_X8_QS)
-    } else {
-        (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN))
-    }
 }
 
 /// Walks `w`'s groups of 8 interleaved rows (`group_bytes` each) two at a time: `pair(grp, second, j, n, out)` for
@@ -503,7 +494,7 @@ unsafe fn q4_x16_tokens<const MIN: bool, const FIVE: bool, const G: usize>(
     stride: usize,
 ) {
     let (nb, cols) = (a.nb, a.cols);
-    let (xb, regs) = x8_bytes::<MIN, FIVE>();
+    let (xb, regs) = crate::repack::x8_nibble_layout(MIN, FIVE);
     let split = G <= 4;
     let low4 = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(16);

@@ -317,13 +317,9 @@ pub(crate) fn q4_x8<const MIN: bool, const FIVE: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    use crate::repack::{Q5_0_X8_BYTES, Q5_0_X8_QH, Q5_0_X8_QS};
+    use crate::repack::Q5_0_X8_QH;
     let nb = cols / QK;
-    let (xb, regs) = if FIVE {
-        (Q5_0_X8_BYTES, Q5_0_X8_QS)
-    } else {
-        (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN))
-    };
+    let (xb, regs) = crate::repack::x8_nibble_layout(MIN, FIVE);
     let offset = if FIVE { -16.0 } else { -8.0 };
     for (g, grp) in w.chunks_exact(nb * xb).enumerate() {
         for j in 0..nt {
