@@ -10,8 +10,9 @@
 #   LLAMA_CPP_ARCHIVE         a source archive already at hand (else it is fetched with `pip download` by name)
 #   LLAMA_CPP_JOBS            parallel compile jobs (default: the number of CPUs)
 #
-# The build is native (`-march=native`), like `pip install llama-cpp-python` built from source; on a CPU with AMX
-# the AMX path is left out (the natively built package crashed in it on such a CPU, see the README). Nothing is
+# The build is native (`-march=native`), like `pip install llama-cpp-python` built from source; on a CPU with AMX it
+# names the CPU's extensions one by one instead, AMX left out (natively built, llama-bench and the package died of
+# SIGILL in ggml's AMX path on such a CPU, see the README). Nothing is
 # downloaded at build time: the web UI's prebuilt download and HTTPS are off.
 #
 # Exit status: 0 built or found; 2 a prerequisite is missing (compiler, cmake, the archive), with one line saying
@@ -74,6 +75,15 @@ fi
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF)
 if grep -q -w amx_tile /proc/cpuinfo 2>/dev/null; then
+  # `-march=native` turns AMX on whatever the GGML_AMX_* options say, and llama-bench built so died of SIGILL at
+  # its first AMX `tilezero` on this project's AMX VM (session 58). So: not native, every other extension the CPU
+  # has named one by one, AMX off.
+  flags=("${flags[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}")
+  has() { grep -q -w "$1" /proc/cpuinfo; }
+  for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+    avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    if has "${pair%%:*}"; then flags+=("-DGGML_${pair#*:}=ON"); else flags+=("-DGGML_${pair#*:}=OFF"); fi
+  done
   flags+=(-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
 echo "build_llama_cpp: building ${tools[*]} in $build (a few minutes)" >&2
