@@ -38,7 +38,7 @@ pub enum Layout {
     /// ggml's layout: row after row, each a run of blocks (as in GGUF files).
     #[default]
     Rows,
-    /// Groups of 8 rows interleaved block by block ([`crate::repack::interleave8`]; Q4_0, Q4_1, Q5_0, Q4_K, Q8_0):
+    /// Groups of 8 rows interleaved block by block ([`crate::repack::interleave8`]; Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, Q8_0):
     /// faster products, but single rows cannot be picked out ([`matmul_rows`], [`QMatrix::row`]).
     Interleaved8,
 }
@@ -78,7 +78,7 @@ impl<'a> QMatrix<'a> {
         Ok(QMatrix { ty, data, rows, cols, layout: Layout::Rows })
     }
 
-    /// A matrix reordered by [`crate::repack::interleave8`]: `ty` must be Q4_0, Q4_1, Q5_0, Q4_K or Q8_0, `rows`
+    /// A matrix reordered by [`crate::repack::interleave8`]: `ty` must be Q4_0, Q4_1, Q5_0, Q4_K, Q6_K or Q8_0, `rows`
     /// a multiple of 8, `cols` a whole number of blocks, and `data` exactly the interleaved size.
     pub fn interleaved8(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
         let Some(xb) = crate::repack::x8_block_bytes(ty) else {

@@ -23,6 +23,15 @@
 //! Gemma 3 270M decode 107.7 / 98.7 vs 96.2 / 91.3, prefill 704 / 684 vs 737 / 728 (its multi-row products pay
 //! for the masks).
 //!
+//! Q6_K → interleaved by 8 rows where the CPU has AVX-512 VNNI ([`interleave_pays`]; elsewhere the rows as they
+//! are): per sub-block of 16 values two nibble registers and one of high bit pairs ([`Q6_K_X8_QS`]), the file's
+//! size; the kernel decodes a sub-block of 16 rows into four registers and `vpdpbusd`s each activation row into
+//! them, where the row kernel unpacks one row at a time. Q4_K_M files keep half their `ffn_down` in Q6_K (Qwen2.5-
+//! Coder 12 of 24 layers, Gemma 3 9 of 18). Session 58, `kbench 2 Q6_K` (weights in cache), alternating with
+//! `SPECEE_Q6_X8=0`: Qwen's 896 × 4864 one activation row 55 vs 89 µs, eight 171 vs 326 µs; `kprof` 5-row Qwen
+//! forward 12.4–13.5 vs 13.6–15.9 ms (median of each of 3 alternating runs), Qwen prefill (`specee bench -p 128`)
+//! median 465 vs 436 tok/s over 3 alternating rounds, decode unchanged (the VM's ±25% swings hide smaller changes).
+//!
 //! Q8_0 → interleaved by 8 rows too, where the CPU has AVX-512 VNNI ([`interleave_pays`]; 32 bytes per 8 rows and
 //! block larger: each row's `-128 · Σq`, the offset of the VNNI kernel's unsigned activations). Measured on a
 //! 2-core Zen 4 (`kbench`, 2 threads): Gemma's 2048 × 640 Q8_0 one row 25 → 12 µs; its 262,144 × 640 head 8 rows
@@ -65,17 +74,24 @@ pub fn x8_block_bytes(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_K => Some(Q4_K_X8_BYTES),
         GgmlType::Q8_0 => Some(Q8_0_X8_BYTES),
         GgmlType::Q5_0 => Some(Q5_0_X8_BYTES),
+        GgmlType::Q6_K => Some(Q6_K_X8_BYTES),
         _ => None,
     }
 }
 
-/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q8_0 and Q5_0
-/// only where the CPU has the AVX-512 VNNI kernels for them (elsewhere their interleaved products would take the
-/// scalar path; Q5_0 is then converted to Q8_0 by [`q5_0_to_q8_0`] instead). `SPECEE_Q5_X8=0` converts Q5_0 to
-/// Q8_0 there too (to measure the difference).
+/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q8_0, Q5_0 and
+/// Q6_K only where the CPU has the AVX-512 VNNI kernels for them (elsewhere their interleaved products would take
+/// the scalar path; Q5_0 is then converted to Q8_0 by [`q5_0_to_q8_0`] instead, Q6_K keeps its rows).
+/// `SPECEE_Q5_X8=0` converts Q5_0 to Q8_0 there too, `SPECEE_Q6_X8=0` keeps Q6_K's rows (to measure the
+/// difference).
 pub fn interleave_pays(ty: GgmlType) -> bool {
     static Q5_X8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static Q6_X8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match ty {
+        GgmlType::Q6_K => {
+            crate::kernel::Isa::current() == crate::kernel::Isa::Avx512
+                && *Q6_X8.get_or_init(|| std::env::var("SPECEE_Q6_X8").map_or(true, |v| v != "0"))
+        }
         GgmlType::Q8_0 => crate::kernel::Isa::current() == crate::kernel::Isa::Avx512,
         GgmlType::Q5_0 => {
             crate::kernel::Isa::current() == crate::kernel::Isa::Avx512
@@ -141,7 +157,21 @@ pub const Q4_K_X8_SCALES: usize = 32;
 pub const Q4_K_X8_MINS: usize = 96;
 pub const Q4_K_X8_QS: usize = 160;
 
-/// Reorders a Q4_0, Q4_1, Q5_0, Q4_K or Q8_0 matrix of `rows` rows (a multiple of 8) and `cols` columns into
+/// Bytes of one super-block column of 8 interleaved Q6_K rows: `d` ×8 (f16), the 16 sub-block scales of the 8 rows
+/// (i8, `[sub-block][row]`), then per sub-block `s` a unit of three registers of 4 bytes per row ([`Q6_K_X8_QS`]):
+/// the file's size.
+pub const Q6_K_X8_BYTES: usize = 8 * 210;
+/// Where the interleaved Q6_K scales start.
+pub const Q6_K_X8_SCALES: usize = 16;
+/// Where the interleaved Q6_K units start: unit `s` (96 bytes, at `Q6_K_X8_QS + 96 s`) holds sub-block `s`'s 16
+/// values of the 8 rows as two nibble registers and one register of high bit pairs. In nibble register `h` (0, 1),
+/// row `r`'s byte `4r + e` holds value `16s + 8h + e` in its low nibble and `16s + 8h + 4 + e` in its high one; in
+/// the high register, byte `4r + e` holds the top two bits of value `16s + 4k + e` at bits `2k, 2k + 1` (k 0..4).
+/// So one unit decodes into four registers of 4 values × 8 rows (per value `q` in 0..64, the weight `d·sc·(q − 32)`),
+/// one sub-block whole.
+pub const Q6_K_X8_QS: usize = 144;
+
+/// Reorders a Q4_0, Q4_1, Q5_0, Q4_K, Q6_K or Q8_0 matrix of `rows` rows (a multiple of 8) and `cols` columns into
 /// groups of 8 rows, block column by block column: group `g` (rows `8g..8g+8`) holds block column `b` at
 /// `(g * nb + b) *` [`x8_block_bytes`], where the nibbles form 32-byte registers holding 4 bytes of each of the 8
 /// rows (row `r` at bytes `4r..4r+4`):
@@ -154,6 +184,7 @@ pub const Q4_K_X8_QS: usize = 160;
 ///   32 bytes per 8 rows larger than the file (the scales unpacked).
 /// - Q8_0: `d`, `-128 · Σ q` per row (i32), then eight registers; register `i` holds row `r`'s `qs[4i..4i+4]`.
 ///   32 bytes per 8 rows and block larger than the file.
+/// - Q6_K: `d`, the scales, then one unit per sub-block of 16 values ([`Q6_K_X8_QS`]). Same size as the file.
 pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     let xb = x8_block_bytes(ty).unwrap_or_else(|| panic!("interleave8: {} cannot be interleaved", ty.name()));
     let (bytes, block) = (ty.type_size(), ty.block_size());
@@ -170,6 +201,10 @@ pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8
         for (b, dst) in dst_group.chunks_exact_mut(xb).enumerate() {
             for r in 0..8 {
                 let blk = &src[(8 * g + r) * rb + b * bytes..][..bytes];
+                if ty == GgmlType::Q6_K {
+                    interleave_q6_k_row(blk, r, dst);
+                    continue;
+                }
                 // d, then dmin (Q4_K) or m (Q4_1): f16 fields at the front of every type's block.
                 dst[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
                 if !matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0) {
@@ -215,6 +250,32 @@ pub fn interleave8(ty: GgmlType, src: &[u8], rows: usize, cols: usize) -> Vec<u8
         }
     }
     out
+}
+
+/// Writes row `r`'s Q6_K super-block `blk` (ggml's 210 bytes: 128 of low nibbles, 64 of high bit pairs, 16 scales,
+/// `d`) into its place in the interleaved block column `dst` ([`Q6_K_X8_BYTES`]).
+fn interleave_q6_k_row(blk: &[u8], r: usize, dst: &mut [u8]) {
+    dst[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+    for s in 0..16 {
+        dst[Q6_K_X8_SCALES + 8 * s + r] = blk[192 + s];
+    }
+    // ggml's order: value 128n + 32m + l (n 0..2, m 0..4, l 0..32) has its low nibble in ql[64n + l + 32(m % 2)]
+    // (the high nibble for m ≥ 2) and its top bits at bits 2m of qh[32n + l].
+    let q = |v: usize| -> u8 {
+        let (n, m, l) = (v / 128, v % 128 / 32, v % 32);
+        let ql = blk[64 * n + l + 32 * (m % 2)];
+        let nibble = if m < 2 { ql & 0x0F } else { ql >> 4 };
+        nibble | ((blk[128 + 32 * n + l] >> (2 * m)) & 3) << 4
+    };
+    for s in 0..16 {
+        let unit = &mut dst[Q6_K_X8_QS + 96 * s..][..96];
+        for e in 0..4 {
+            for h in 0..2 {
+                unit[32 * h + 4 * r + e] = (q(16 * s + 8 * h + e) & 0x0F) | (q(16 * s + 8 * h + 4 + e) & 0x0F) << 4;
+            }
+            unit[64 + 4 * r + e] = (0..4).fold(0, |bits, k| bits | (q(16 * s + 4 * k + e) >> 4) << (2 * k));
+        }
+    }
 }
 
 #[cfg(test)]

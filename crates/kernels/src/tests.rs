@@ -387,7 +387,7 @@ fn every_row_is_bit_identical_whatever_the_token_count() {
     }
 }
 
-/// Q4_0/Q4_1/Q5_0/Q4_K/Q8_0 interleaved by 8 rows give the plain layout's products on every level (up to float
+/// Q4_0/Q4_1/Q5_0/Q4_K/Q6_K/Q8_0 interleaved by 8 rows give the plain layout's products on every level (up to float
 /// summation order), for ragged shapes and every tile size, and a row's result does not depend on how many
 /// activation rows share the call.
 #[test]
@@ -402,6 +402,7 @@ fn interleaved_matrices_match_the_row_layout() {
         (GgmlType::Q4_1, &legacy[..]),
         (GgmlType::Q5_0, &legacy[..]),
         (GgmlType::Q4_K, &k_shapes[..]),
+        (GgmlType::Q6_K, &k_shapes[..]),
         (GgmlType::Q8_0, &legacy[..]),
     ];
     for (ty, shapes) in cases {
@@ -464,8 +465,11 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
     let q5_0 = vec![0u8; 176];
     assert_eq!(QMatrix::interleaved8(GgmlType::Q5_0, &q5_0, 8, 32).unwrap().row_bytes(), 22);
     assert!(QMatrix::interleaved8(GgmlType::Q5_0, &q5_0[..170], 8, 32).is_err());
+    // Q6_K: the file's 8 × 210 bytes per 8 rows and super-block; Q5_K is not interleaved.
     let q6_k = vec![0u8; 8 * 210];
-    assert!(QMatrix::interleaved8(GgmlType::Q6_K, &q6_k, 8, 256).is_err());
+    assert_eq!(QMatrix::interleaved8(GgmlType::Q6_K, &q6_k, 8, 256).unwrap().row_bytes(), 210);
+    assert!(QMatrix::interleaved8(GgmlType::Q6_K, &q6_k[..8 * 208], 8, 256).is_err());
+    assert!(QMatrix::interleaved8(GgmlType::Q5_K, &q6_k[..8 * 176], 8, 256).is_err());
 }
 
 /// The interleaved kernels write exactly the outputs they own: with an odd number of groups (the last one goes
@@ -474,8 +478,8 @@ fn interleaved_matrices_refuse_other_types_and_ragged_rows() {
 #[test]
 fn interleaved_kernels_write_only_their_outputs() {
     let mut rng = Rng(0x0dd_6a05_0075);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q8_0] {
-        let cols = if ty == GgmlType::Q4_K { 256 } else { 64 };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0] {
+        let cols = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) { 256 } else { 64 };
         for rows in [8, 24] {
             let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
             let kind = act_kind(ty).unwrap();

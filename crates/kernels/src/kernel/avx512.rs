@@ -636,6 +636,109 @@ unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out
     super::avx2::store_rows(&acc, out, stride);
 }
 
+/// The interleaved Q6_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
+/// `Isa::Avx512.available()`.
+pub(crate) fn q6_k_x8_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q6_k_x8` checks the shapes it
+    // reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q6_k_x8(w, cols, a, t0, nt, o, stride) }
+}
+
+/// Q6_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn q6_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    let nb = cols / 256;
+    assert!(a.nb == nb && a.cols == cols);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
+    for_group_pairs(w, nb * crate::repack::Q6_K_X8_BYTES, nt, out, stride, |grp, second, j, n, o| {
+        tile!(q6_k_x16_tokens, n, grp, second, a, t0 + j, o, stride)
+    });
+}
+
+/// Two groups of 8 interleaved Q6_K rows (`grp` and `grp + second`; see [`for_group_pairs`]) × activation rows
+/// `t..t+G`, written to `out[j * stride + 0..16]`.
+///
+/// Per sub-block (one unit of [`crate::repack::Q6_K_X8_QS`]): the two nibble registers and the register of high bit
+/// pairs decode into four registers of 4 unsigned values (`q` in 0..64) × 16 rows, each `vpdpbusd`'d with the
+/// activation's 4 values broadcast into the rows' i32 sub-block sums, which are multiplied by the rows' scales
+/// (`vpmulld`) and added up. The offset term `32·Σ sc·bsum` is one `vpdpwssd` per pair of sub-blocks of the rows'
+/// scale pairs with the activation's pair of 16-value sums. Per super-block `d_w·d_x·(isum − 32·msum)` in one FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[inline]
+unsafe fn q6_k_x16_tokens<const G: usize>(
+    grp: *const u8,
+    second: usize,
+    a: &Acts,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    use crate::repack::{Q6_K_X8_BYTES, Q6_K_X8_QS, Q6_K_X8_SCALES};
+    let (nb, cols) = (a.nb, a.cols);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let top2 = _mm512_set1_epi8(0x30);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let mut acc = [_mm512_setzero_ps(); G];
+    for b in 0..nb {
+        let (b0, b1) = (grp.add(b * Q6_K_X8_BYTES), grp.add(second + b * Q6_K_X8_BYTES));
+        let mut isum = [_mm512_setzero_si512(); G];
+        for s in 0..16 {
+            let unit = Q6_K_X8_QS + 96 * s;
+            if s % 2 == 0 {
+                prefetch_ahead(b0.add(unit), 192);
+                prefetch_ahead(b1.add(unit), 192);
+            }
+            let (n0, n1, h) = (pair_reg(b0, b1, unit), pair_reg(b0, b1, unit + 32), pair_reg(b0, b1, unit + 64));
+            // 16-bit shifts: the bits a shift carries across a byte boundary land outside 0x30 and are masked off.
+            let v = [
+                _mm512_or_si512(_mm512_and_si512(n0, low4), _mm512_and_si512(_mm512_slli_epi16::<4>(h), top2)),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(n0), low4),
+                    _mm512_and_si512(_mm512_slli_epi16::<2>(h), top2),
+                ),
+                _mm512_or_si512(_mm512_and_si512(n1, low4), _mm512_and_si512(h, top2)),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(n1), low4),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(h), top2),
+                ),
+            ];
+            let sc8 = _mm_unpacklo_epi64(
+                _mm_loadl_epi64(b0.add(Q6_K_X8_SCALES + 8 * s) as *const __m128i),
+                _mm_loadl_epi64(b1.add(Q6_K_X8_SCALES + 8 * s) as *const __m128i),
+            );
+            let sc = _mm512_cvtepi8_epi32(sc8);
+            for (j, isum) in isum.iter_mut().enumerate() {
+                let y = y0.add(j * cols + 256 * b + 16 * s);
+                let mut sub = _mm512_setzero_si512();
+                for (k, v) in v.iter().enumerate() {
+                    sub = _mm512_dpbusd_epi32(sub, *v, _mm512_set1_epi32((y.add(4 * k) as *const i32).read_unaligned()));
+                }
+                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(sub, sc));
+            }
+        }
+        let mut msum = [_mm512_setzero_si512(); G];
+        for k in 0..8 {
+            // Row r's scales of sub-blocks 2k and 2k + 1 side by side, as i16, for both groups.
+            let pairs = |p: *const u8| {
+                let at = p.add(Q6_K_X8_SCALES + 16 * k);
+                _mm_unpacklo_epi8(_mm_loadl_epi64(at as *const __m128i), _mm_loadl_epi64(at.add(8) as *const __m128i))
+            };
+            let scp = _mm512_cvtepi8_epi16(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(pairs(b0)), pairs(b1)));
+            for (j, msum) in msum.iter_mut().enumerate() {
+                let bs = a.bsums.as_ptr().add(((t + j) * nb + b) * 16 + 2 * k);
+                *msum = _mm512_dpwssd_epi32(*msum, scp, _mm512_set1_epi32((bs as *const i32).read_unaligned()));
+            }
+        }
+        let dw = pair_f16(b0, b1, 0);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let total = _mm512_sub_epi32(isum[j], _mm512_slli_epi32::<5>(msum[j]));
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked((t + j) * nb + b)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), scale, *acc);
+        }
+    }
+    store_pair_rows(&acc, second, out, stride);
+}
+
 /// The interleaved Q8_0 kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
 /// `Isa::Avx512.available()`.
 pub(crate) fn q8_x8_kernel() -> super::GroupKernel {

@@ -96,8 +96,8 @@ pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Optio
     }
 }
 
-/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q5_0, Q4_K, Q8_0; AVX2 has no Q8_0 or
-/// Q5_0 one: such matrices are interleaved only where [`crate::repack::interleave_pays`]).
+/// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, Q8_0; AVX2 has no
+/// Q8_0, Q5_0 or Q6_K one: such matrices are interleaved only where [`crate::repack::interleave_pays`]).
 pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && Isa::Avx512.available() {
@@ -107,6 +107,7 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
             GgmlType::Q4_K => Some(avx512::q4_k_x8_kernel()),
             GgmlType::Q8_0 => Some(avx512::q8_x8_kernel()),
             GgmlType::Q5_0 => Some(avx512::q4_x8_kernel::<false, true>()),
+            GgmlType::Q6_K => Some(avx512::q6_k_x8_kernel()),
             _ => None,
         };
     }
@@ -118,6 +119,7 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
             GgmlType::Q4_K => Some(avx2::q4_k_x8_kernel()),
             GgmlType::Q8_0 => Some(scalar::q8_x8),
             GgmlType::Q5_0 => Some(scalar::q4_x8::<false, true>),
+            GgmlType::Q6_K => Some(scalar::q6_k_x8),
             _ => None,
         };
     }
@@ -128,6 +130,7 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
         GgmlType::Q5_0 => Some(scalar::q4_x8::<false, true>),
         GgmlType::Q4_K => Some(scalar::q4_k_x8),
         GgmlType::Q8_0 => Some(scalar::q8_x8),
+        GgmlType::Q6_K => Some(scalar::q6_k_x8),
         _ => None,
     }
 }

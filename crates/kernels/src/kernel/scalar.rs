@@ -416,3 +416,41 @@ pub(crate) fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out
         }
     }
 }
+
+/// Q6_K weights interleaved by 8 rows ([`crate::repack::interleave8`]) × `nt` activation rows:
+/// `out[j * stride + r] = dot(row r, activation row t0 + j)` = `d_x·d_w·(Σ sc·Σ q·y − 32·Σ sc·bsum)` over the
+/// sub-blocks (values stored as `q` in 0..64 for the weight `d·sc·(q − 32)`).
+pub(crate) fn q6_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    use crate::repack::{Q6_K_X8_BYTES, Q6_K_X8_QS, Q6_K_X8_SCALES};
+    let nb = cols / QK_K;
+    for (g, grp) in w.chunks_exact(nb * Q6_K_X8_BYTES).enumerate() {
+        for j in 0..nt {
+            let (qs, d, bsums) = q8k(a, t0 + j);
+            let mut sumf = [0.0f32; 8];
+            for (ib, blk) in grp.chunks_exact(Q6_K_X8_BYTES).enumerate() {
+                let y = &qs[ib * QK_K..ib * QK_K + QK_K];
+                let bs = &bsums[ib * 16..ib * 16 + 16];
+                for (r, sumf) in sumf.iter_mut().enumerate() {
+                    let (mut isum, mut msum) = (0i32, 0i32);
+                    for s in 0..16 {
+                        let unit = &blk[Q6_K_X8_QS + 96 * s..][..96];
+                        let mut dot = 0i32;
+                        for k in 0..4 {
+                            for e in 0..4 {
+                                let nib = unit[32 * (k / 2) + 4 * r + e];
+                                let low = if k % 2 == 0 { nib & 0x0F } else { nib >> 4 };
+                                let q = low | ((unit[64 + 4 * r + e] >> (2 * k)) & 3) << 4;
+                                dot += q as i32 * y[16 * s + 4 * k + e] as i32;
+                            }
+                        }
+                        let sc = blk[Q6_K_X8_SCALES + 8 * s + r] as i8 as i32;
+                        isum += sc * dot;
+                        msum += sc * bs[s] as i32;
+                    }
+                    *sumf += (read_f16(blk, 2 * r) * d[ib]) * (isum - 32 * msum) as f32;
+                }
+            }
+            out[j * stride + 8 * g..j * stride + 8 * g + 8].copy_from_slice(&sumf);
+        }
+    }
+}
