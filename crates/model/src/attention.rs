@@ -99,16 +99,20 @@ impl Attention<'_> {
     /// (SmolLM2, one row at 1,500 tokens of context: 3 heads per task 12.3–13.2 ms per forward against 14.7–15.3
     /// with one; Gemma 3: 2 heads per task best for 1 and 3 rows), so `h` minimises `⌈T / P⌉² · h`.
     pub(crate) fn heads_per_task(&self, threads: usize) -> usize {
-        let cost = |hpt: usize| (self.n * self.n_head / hpt).div_ceil(threads.max(1)).pow(2) * hpt;
-        (1..=self.group.min(MAX_HPT))
-            .filter(|&hpt| self.group % hpt == 0)
-            .min_by_key(|&hpt| (cost(hpt), usize::MAX - hpt))
-            .unwrap_or(1)
+        let cost = |hpt: usize| self.n_tasks(hpt).div_ceil(threads.max(1)).pow(2) * hpt;
+        (1..=self.group.min(MAX_HPT)).min_by_key(|&hpt| (cost(hpt), usize::MAX - hpt)).unwrap_or(1)
     }
 
-    /// Runs `tasks` of `hpt` heads each, using `sc` (`SCRATCH_PER_SLOT * total` floats) as scratch. Tasks are
-    /// numbered KV head first (task = (kv head · rows + row) · (group / hpt) + head set within the group), so that
-    /// a contiguous run of tasks reads few KV heads' keys and values: see [`Attention::run_split`].
+    /// Tasks of at most `hpt` heads: each KV group's heads in sets of `hpt`, the last set smaller where `hpt` does
+    /// not divide the group (Qwen2.5's 7 heads per KV head: 4 + 3; until session 58 such a group ran one head per
+    /// task, converting each key and value 7 times).
+    pub(crate) fn n_tasks(&self, hpt: usize) -> usize {
+        self.n * (self.n_head / self.group) * self.group.div_ceil(hpt)
+    }
+
+    /// Runs `tasks` of up to `hpt` heads each, using `sc` (`SCRATCH_PER_SLOT * total` floats) as scratch. Tasks
+    /// are numbered KV head first (task = (kv head · rows + row) · ⌈group / hpt⌉ + head set within the group), so
+    /// that a contiguous run of tasks reads few KV heads' keys and values: see [`Attention::run_split`].
     pub(crate) fn run(&self, tasks: std::ops::Range<usize>, hpt: usize, sc: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -162,7 +166,7 @@ impl Attention<'_> {
     /// then helps with the others' unclaimed ones. `scratch` holds `SCRATCH_PER_SLOT * total` floats per thread.
     pub(crate) fn run_split(&self, pool: &kernels::ThreadPool, scratch: &mut [f32]) {
         let hpt = self.heads_per_task(pool.n_threads());
-        let n_tasks = self.n * self.n_head / hpt;
+        let n_tasks = self.n_tasks(hpt);
         let per_thread_scratch = SCRATCH_PER_SLOT * self.total;
         let shares = pool.n_threads().min(n_tasks).min(MAX_SHARES);
         assert!(scratch.len() >= shares * per_thread_scratch, "attention scratch too small");
@@ -191,7 +195,7 @@ impl Attention<'_> {
         let mut starts = Vec::with_capacity(jobs.len() + 1);
         starts.push(0);
         for (j, &hpt) in jobs.iter().zip(&hpts) {
-            starts.push(starts.last().copied().unwrap_or(0) + j.n * j.n_head / hpt);
+            starts.push(starts.last().copied().unwrap_or(0) + j.n_tasks(hpt));
         }
         let n_tasks = starts[jobs.len()];
         let per_thread_scratch = SCRATCH_PER_SLOT * jobs.iter().map(|j| j.total).max().unwrap_or(0);
@@ -229,17 +233,20 @@ impl Attention<'_> {
         weigh: impl Fn(&[&[f32]], &ValueRows, &mut [&mut [f32]], &[f32]),
     ) {
         let Attention { q, kc, vc, pc, positions, mask, window, base, total, n, qd, kvd, vd, hd, hdv, .. } = *self;
-        assert!((1..=MAX_HPT).contains(&hpt) && self.group % hpt == 0 && sc.len() >= SCRATCH_PER_SLOT * total);
+        assert!((1..=MAX_HPT).contains(&hpt) && sc.len() >= SCRATCH_PER_SLOT * total);
         let (slots, all_scores) = sc.split_at_mut(total);
         // SAFETY: `slots` holds `total` floats; u32 has the size and alignment of f32 and any bits are valid.
         let slots = unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr() as *mut u32, total) };
-        let subs = self.group / hpt;
+        let subs = self.group.div_ceil(hpt);
         let per_kv = n * subs;
         let mut listed_row = usize::MAX;
         let mut nv = 0;
         for task in tasks {
             let (kvh, rest) = (task / per_kv, task % per_kv);
-            let (j, h0) = (rest / subs, kvh * self.group + (rest % subs) * hpt);
+            let (j, set) = (rest / subs, rest % subs);
+            let h0 = kvh * self.group + set * hpt;
+            // This task's heads: `hpt`, fewer in a group's last set where `hpt` does not divide the group.
+            let hpt = hpt.min(self.group - set * hpt);
             // 1. The visible slots in order (shared by the row's heads).
             if j != listed_row {
                 listed_row = j;
@@ -852,13 +859,13 @@ mod tests {
     }
 
     /// A row's attention output does not depend on how many heads share a task, on the task ranges a thread runs,
-    /// or on the split across threads: the same bits for every heads-per-task choice of a group of 4 (1, 2, 4)
-    /// and of 3 (1, 3), with a tree mask over cached slots.
+    /// or on the split across threads: the same bits for every heads-per-task choice (1 to 4) of groups of 4, 3 and
+    /// 7 (whose sets are uneven: 4 + 3, 3 + 3 + 1, 2 + 2 + 2 + 1), with a tree mask over cached slots.
     #[test]
     fn attention_results_do_not_depend_on_the_task_split() {
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let f16 = |v: f32| half::f16::from_f32(v).to_bits();
-        for (n_head, n_kv, hd) in [(8usize, 2usize, 64usize), (6, 2, 32), (4, 1, 80)] {
+        for (n_head, n_kv, hd) in [(8usize, 2usize, 64usize), (6, 2, 32), (4, 1, 80), (14, 2, 64)] {
             let (n, base) = (4usize, 37usize);
             let total = base + n;
             let (qd, kvd) = (n_head * hd, n_kv * hd);
@@ -899,7 +906,7 @@ mod tests {
             let run = |hpt: usize, chunk: usize| {
                 let mut att = vec![0f32; n * qd];
                 let mut sc = vec![0f32; SCRATCH_PER_SLOT * total];
-                let tasks = n * n_head / hpt;
+                let tasks = job(&mut att).n_tasks(hpt);
                 for start in (0..tasks).step_by(chunk) {
                     job(&mut att).run(start..(start + chunk).min(tasks), hpt, &mut sc);
                 }
@@ -907,7 +914,7 @@ mod tests {
             };
             let want = run(1, 1);
             assert!(want.iter().any(|&b| b != 0));
-            for hpt in (1..=group.min(MAX_HPT)).filter(|h| group % h == 0) {
+            for hpt in 1..=group.min(MAX_HPT) {
                 for chunk in [1, 3, 1000] {
                     assert_eq!(
                         run(hpt, chunk),
