@@ -577,63 +577,89 @@ unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &m
     let nb = cols / 256;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
-    super::avx2::for_groups(w, nb * crate::repack::Q4_K_X8_BYTES, nt, super::TILE, out, stride, |grp, j, n, o| {
-        tile!(q4_k_x8_tokens, n, grp, a, t0 + j, o, stride)
+    for_group_pairs(w, nb * crate::repack::Q4_K_X8_BYTES, nt, out, stride, |grp, second, j, n, o| {
+        tile!(q4_k_x16_tokens, n, grp, second, a, t0 + j, o, stride)
     });
 }
 
-/// One group of 8 interleaved Q4_K rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+/// The 8 bytes at `b0 + off` and the 8 at `b1 + off` (two interleaved groups' per-row bytes) as 16 i32 lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn pair_u8_epi32(b0: *const u8, b1: *const u8, off: usize) -> __m512i {
+    _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
+        _mm_loadl_epi64(b0.add(off) as *const __m128i),
+        _mm_loadl_epi64(b1.add(off) as *const __m128i),
+    ))
+}
+
+/// Two groups of 8 interleaved Q4_K rows (`grp` and `grp + second`; see [`for_group_pairs`]) × activation rows
+/// `t..t+G`, written to `out[j * stride + 0..16]`.
 ///
-/// Per sub-block: 8 registers of nibbles (4 values of each row), each `vpdpbusd`'d with the activation's 4
-/// values broadcast into the rows' i32 sub-block sums, which are multiplied by the rows' 6-bit scales
-/// (`vpmulld`) and added up; the mins term is one `vpdpwssd` per sub-block of the rows' mins with the
-/// activation's pair of 16-value sums. Per super-block: `d_x·(d_w·Σ sc·dot − dmin_w·Σ m·bsum)` in two FMAs, as
-/// the AVX2 kernel (same integers, same float operations).
+/// Per sub-block: 8 registers of nibbles (4 values of each of the 16 rows), each `vpdpbusd`'d with the
+/// activation's 4 values broadcast into the rows' i32 sub-block sums, which are multiplied by the rows' 6-bit
+/// scales (`vpmulld`) and added up; the mins term is one `vpdpwssd` per sub-block of the rows' mins (in both i16
+/// halves of a lane) with the activation's pair of 16-value sums. Per super-block `d_x·(d_w·Σ sc·dot −
+/// dmin_w·Σ m·bsum)` in two FMAs. Two groups per 512-bit register: half the instructions per weight row of the
+/// 256-bit kernel this replaced (session 58).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 #[inline]
-unsafe fn q4_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+unsafe fn q4_k_x16_tokens<const G: usize>(
+    grp: *const u8,
+    second: usize,
+    a: &Acts,
+    t: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     use crate::repack::{Q4_K_X8_BYTES, Q4_K_X8_MINS, Q4_K_X8_QS, Q4_K_X8_SCALES};
     let (nb, cols) = (a.nb, a.cols);
-    let low4 = _mm256_set1_epi8(0x0F);
+    let low4 = _mm512_set1_epi8(0x0F);
     let y0 = a.qs.as_ptr().add(t * cols);
-    let mut acc = [_mm256_setzero_ps(); G];
+    let mut acc = [_mm512_setzero_ps(); G];
     for b in 0..nb {
-        let blk = grp.add(b * Q4_K_X8_BYTES);
-        let mut isum = [_mm256_setzero_si256(); G];
+        let (b0, b1) = (grp.add(b * Q4_K_X8_BYTES), grp.add(second + b * Q4_K_X8_BYTES));
+        let mut isum = [_mm512_setzero_si512(); G];
         for sb in 0..8 {
-            let q = blk.add(Q4_K_X8_QS + 256 * (sb / 2));
+            let q = Q4_K_X8_QS + 256 * (sb / 2);
             if sb % 2 == 0 {
-                prefetch_ahead(q, 256);
+                prefetch_ahead(b0.add(q), 256);
+                prefetch_ahead(b1.add(q), 256);
             }
-            let mut sub = [_mm256_setzero_si256(); G];
+            let mut sub = [_mm512_setzero_si512(); G];
             for i in 0..8 {
-                let p = _mm256_loadu_si256(q.add(32 * i) as *const __m256i);
+                let p = pair_reg(b0, b1, q + 32 * i);
                 let v = if sb % 2 == 0 {
-                    _mm256_and_si256(p, low4)
+                    _mm512_and_si512(p, low4)
                 } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4)
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(p), low4)
                 };
                 for (j, sub) in sub.iter_mut().enumerate() {
                     let y = y0.add(j * cols + 256 * b + 32 * sb + 4 * i);
-                    *sub = _mm256_dpbusd_epi32(*sub, v, _mm256_set1_epi32((y as *const i32).read_unaligned()));
+                    *sub = _mm512_dpbusd_epi32(*sub, v, _mm512_set1_epi32((y as *const i32).read_unaligned()));
                 }
             }
-            let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(Q4_K_X8_SCALES + 8 * sb) as *const __m128i));
+            let sc = pair_u8_epi32(b0, b1, Q4_K_X8_SCALES + 8 * sb);
             for (j, isum) in isum.iter_mut().enumerate() {
-                *isum = _mm256_add_epi32(*isum, _mm256_mullo_epi32(sub[j], sc));
+                *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(sub[j], sc));
             }
         }
-        let mut msum = [_mm256_setzero_si256(); G];
+        let mut msum = [_mm512_setzero_si512(); G];
         for sb in 0..8 {
-            let m = super::avx2::dup16(blk.add(Q4_K_X8_MINS + 8 * sb));
+            let m = pair_u8_epi32(b0, b1, Q4_K_X8_MINS + 8 * sb);
+            let m = _mm512_or_si512(m, _mm512_slli_epi32::<16>(m));
             for (j, msum) in msum.iter_mut().enumerate() {
                 let bs = a.bsums.as_ptr().add(((t + j) * nb + b) * 16 + 2 * sb);
-                *msum = _mm256_dpwssd_epi32(*msum, m, _mm256_set1_epi32((bs as *const i32).read_unaligned()));
+                *msum = _mm512_dpwssd_epi32(*msum, m, _mm512_set1_epi32((bs as *const i32).read_unaligned()));
             }
         }
-        super::avx2::q4_k_x8_scale::<G>(blk, &isum, &msum, a.d.as_ptr().add(t * nb + b), nb, &mut acc);
+        let (dw, dmin) = (pair_f16(b0, b1, 0), pair_f16(b0, b1, 16));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let dy = _mm512_set1_ps(*a.d.get_unchecked((t + j) * nb + b));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(dw, dy), *acc);
+            *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[j]), _mm512_mul_ps(dmin, dy), *acc);
+        }
     }
-    super::avx2::store_rows(&acc, out, stride);
+    store_pair_rows(&acc, second, out, stride);
 }
 
 /// The interleaved Q6_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
