@@ -563,22 +563,27 @@ unsafe fn dot_tokens<const G: usize>(
     }
 }
 
-/// The interleaved Q4_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
+/// The interleaved Q4_K (or, `SIX`, Q6_K) kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
 /// `Isa::Avx512.available()`.
-pub(crate) fn q4_k_x8_kernel() -> super::GroupKernel {
-    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q4_k_x8` checks the shapes it
+pub(crate) fn k_x8_kernel<const SIX: bool>() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `k_x8` checks the shapes it
     // reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q4_k_x8(w, cols, a, t0, nt, o, stride) }
+    |w, cols, a, t0, nt, o, stride| unsafe { k_x8::<SIX>(w, cols, a, t0, nt, o, stride) }
 }
 
-/// Q4_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
+/// Q4_K (or, `SIX`, Q6_K) weights interleaved by 8 rows × `nt` activation rows (Q8_K).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+unsafe fn k_x8<const SIX: bool>(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
     let nb = cols / 256;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
-    for_group_pairs(w, nb * crate::repack::Q4_K_X8_BYTES, nt, out, stride, |grp, second, j, n, o| {
-        tile!(q4_k_x16_tokens, n, grp, second, a, t0 + j, o, stride)
+    let xb = if SIX { crate::repack::Q6_K_X8_BYTES } else { crate::repack::Q4_K_X8_BYTES };
+    for_group_pairs(w, nb * xb, nt, out, stride, |grp, second, j, n, o| {
+        if SIX {
+            tile!(q6_k_x16_tokens, n, grp, second, a, t0 + j, o, stride)
+        } else {
+            tile!(q4_k_x16_tokens, n, grp, second, a, t0 + j, o, stride)
+        }
     });
 }
 
@@ -662,25 +667,6 @@ unsafe fn q4_k_x16_tokens<const G: usize>(
     store_pair_rows(&acc, second, out, stride);
 }
 
-/// The interleaved Q6_K kernel ([`crate::repack::interleave8`]) with VNNI. Only called after
-/// `Isa::Avx512.available()`.
-pub(crate) fn q6_k_x8_kernel() -> super::GroupKernel {
-    // SAFETY: handed out only when the CPU has avx512f/bw/vl/vnni, fma and f16c; `q6_k_x8` checks the shapes it
-    // reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q6_k_x8(w, cols, a, t0, nt, o, stride) }
-}
-
-/// Q6_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-unsafe fn q6_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
-    let nb = cols / 256;
-    assert!(a.nb == nb && a.cols == cols);
-    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
-    for_group_pairs(w, nb * crate::repack::Q6_K_X8_BYTES, nt, out, stride, |grp, second, j, n, o| {
-        tile!(q6_k_x16_tokens, n, grp, second, a, t0 + j, o, stride)
-    });
-}
-
 /// Two groups of 8 interleaved Q6_K rows (`grp` and `grp + second`; see [`for_group_pairs`]) × activation rows
 /// `t..t+G`, written to `out[j * stride + 0..16]`.
 ///
@@ -737,7 +723,8 @@ unsafe fn q6_k_x16_tokens<const G: usize>(
                 let y = y0.add(j * cols + 256 * b + 16 * s);
                 let mut sub = _mm512_setzero_si512();
                 for (k, v) in v.iter().enumerate() {
-                    sub = _mm512_dpbusd_epi32(sub, *v, _mm512_set1_epi32((y.add(4 * k) as *const i32).read_unaligned()));
+                    sub =
+                        _mm512_dpbusd_epi32(sub, *v, _mm512_set1_epi32((y.add(4 * k) as *const i32).read_unaligned()));
                 }
                 *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(sub, sc));
             }

@@ -104,10 +104,10 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
         return match ty {
             GgmlType::Q4_0 => Some(avx512::q4_x8_kernel::<false, false>()),
             GgmlType::Q4_1 => Some(avx512::q4_x8_kernel::<true, false>()),
-            GgmlType::Q4_K => Some(avx512::q4_k_x8_kernel()),
+            GgmlType::Q4_K => Some(avx512::k_x8_kernel::<false>()),
             GgmlType::Q8_0 => Some(avx512::q8_x8_kernel()),
             GgmlType::Q5_0 => Some(avx512::q4_x8_kernel::<false, true>()),
-            GgmlType::Q6_K => Some(avx512::q6_k_x8_kernel()),
+            GgmlType::Q6_K => Some(avx512::k_x8_kernel::<true>()),
             _ => None,
         };
     }
