@@ -87,16 +87,15 @@ pub fn x8_block_bytes(ty: GgmlType) -> Option<usize> {
 pub fn interleave_pays(ty: GgmlType) -> bool {
     static Q5_X8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     static Q6_X8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // On unless the variable says 0, read once.
+    let on = |cell: &std::sync::OnceLock<bool>, var: &str| {
+        *cell.get_or_init(|| std::env::var(var).map_or(true, |v| v != "0"))
+    };
+    let avx512 = crate::kernel::Isa::current() == crate::kernel::Isa::Avx512;
     match ty {
-        GgmlType::Q6_K => {
-            crate::kernel::Isa::current() == crate::kernel::Isa::Avx512
-                && *Q6_X8.get_or_init(|| std::env::var("SPECEE_Q6_X8").map_or(true, |v| v != "0"))
-        }
-        GgmlType::Q8_0 => crate::kernel::Isa::current() == crate::kernel::Isa::Avx512,
-        GgmlType::Q5_0 => {
-            crate::kernel::Isa::current() == crate::kernel::Isa::Avx512
-                && *Q5_X8.get_or_init(|| std::env::var("SPECEE_Q5_X8").map_or(true, |v| v != "0"))
-        }
+        GgmlType::Q8_0 => avx512,
+        GgmlType::Q5_0 => avx512 && on(&Q5_X8, "SPECEE_Q5_X8"),
+        GgmlType::Q6_K => avx512 && on(&Q6_X8, "SPECEE_Q6_X8"),
         _ => interleavable(ty),
     }
 }
