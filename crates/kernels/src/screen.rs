@@ -186,10 +186,9 @@ impl HeadScreen {
         let acts = scratch.acts.view(ActKind::Q8_0, x, cols);
         let nb = cols / QK;
         let rb = w.row_bytes();
-        let mut survivors = std::mem::take(&mut scratch.survivors);
-        let mut values = std::mem::take(&mut scratch.survivor_logits);
-        let mut total = 0;
-        for t in 0..n_tokens {
+        // One token's argmax into `out[t]`, with its survivors' exact products split across the pool where there
+        // are many (`split`); returns the survivor count.
+        let one = |t: usize, survivors: &mut Vec<u32>, values: &mut Vec<f32>, split: bool| {
             // ‖x̂‖ of the quantized activation row both products see.
             let xq = &acts.qs[t * cols..(t + 1) * cols];
             let norm2: f64 = acts.d[t * nb..(t + 1) * nb]
@@ -200,7 +199,7 @@ impl HeadScreen {
             let norm = (norm2.sqrt() * (1.0 + 1e-6)) as f32;
             let a = &approx[t * padded..t * padded + rows];
             survivors.clear();
-            collect_survivors(a, &self.bound, norm, &mut survivors);
+            collect_survivors(a, &self.bound, norm, survivors);
             values.clear();
             values.resize(survivors.len(), 0.0);
             let work = |range: std::ops::Range<usize>, vals: SendPtr| {
@@ -213,13 +212,34 @@ impl HeadScreen {
                 }
             };
             let vals = SendPtr(values.as_mut_ptr());
-            if survivors.len() < PARALLEL_SURVIVORS || pool.n_threads() == 1 {
+            if !split || survivors.len() < PARALLEL_SURVIVORS || pool.n_threads() == 1 {
                 work(0..survivors.len(), vals);
             } else {
                 pool.run(&|i, n| work(split_range(survivors.len(), i, n), vals));
             }
-            out[t] = survivors.get(first_max(&values)).copied().unwrap_or(0);
-            total += survivors.len();
+            (survivors.get(first_max(values)).copied().unwrap_or(0), survivors.len())
+        };
+        let mut survivors = std::mem::take(&mut scratch.survivors);
+        let mut values = std::mem::take(&mut scratch.survivor_logits);
+        let mut total = 0;
+        if n_tokens == 1 || pool.n_threads() == 1 || n_tokens > crate::pool::MAX_ITEMS {
+            for (t, out) in out.iter_mut().enumerate().take(n_tokens) {
+                let (best, n) = one(t, &mut survivors, &mut values, true);
+                (*out, total) = (best, total + n);
+            }
+        } else {
+            // Several rows (a draft tree, a server's batch): one token per pool item, so that the survivor scans
+            // (two passes over the row's screened logits, the memory-bound part) run on every thread, not on the
+            // calling one while the others wait. Each token's result is the same either way.
+            let found: Vec<std::sync::Mutex<(u32, usize)>> = (0..n_tokens).map(|_| Default::default()).collect();
+            pool.run_items(n_tokens, &|t| {
+                let r = one(t, &mut Vec::new(), &mut Vec::new(), false);
+                *found[t].lock().unwrap_or_else(|p| p.into_inner()) = r;
+            });
+            for (out, f) in out.iter_mut().zip(found) {
+                let (best, n) = f.into_inner().unwrap_or_else(|p| p.into_inner());
+                (*out, total) = (best, total + n);
+            }
         }
         scratch.screen = approx;
         scratch.survivors = survivors;
@@ -469,6 +489,13 @@ mod tests {
                 assert_eq!(got, want, "{isa:?}, {threads} threads");
                 assert!(exact >= rows + n_tokens - 1 && exact < n_tokens * rows / 2, "{exact} exact rows");
                 assert_eq!((got[0], got[2]), (17, 0), "the first of tied rows");
+                // One token at a time (several tokens go one per pool item; a lone one splits its survivors'
+                // exact products across the pool, as token 2's thousand do here).
+                for t in 0..3 {
+                    let mut one = [u32::MAX];
+                    screen.argmax_isa(isa, &pool, &w, &x[t * cols..(t + 1) * cols], 1, &mut one, &mut scratch);
+                    assert_eq!(one[0], want[t], "{isa:?}, {threads} threads, token {t} alone");
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Prints how long building the head screen took, then times the output head alone: full logits (`head_full`)
-//! against the screened greedy argmax (`head_argmax`), for 1, 2 and 4 rows of real hidden states (the screen
+//! against the screened greedy argmax (`head_argmax`), for 1, 2, 4 and 8 rows of real hidden states (the screen
 //! forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads] [REFERENCE.jsonl]`
 //!
 //! With a reference file (`../shared/reference/*.greedy_*.jsonl`; its first record's prompt and greedy ids are
@@ -26,7 +26,7 @@ fn main() {
     m.final_norm(&hidden[(ids.len() - 8) * d..], &mut normed);
     let mut logits = vec![0.0; 8 * v];
     let mut out = [0u32; 8];
-    for n in [1usize, 2, 4] {
+    for n in [1usize, 2, 4, 8] {
         for round in 0..3 {
             let t = Instant::now();
             for _ in 0..50 {
