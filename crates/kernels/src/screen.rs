@@ -186,9 +186,9 @@ impl HeadScreen {
         let acts = scratch.acts.view(ActKind::Q8_0, x, cols);
         let nb = cols / QK;
         let rb = w.row_bytes();
-        // One token's argmax into `out[t]`, with its survivors' exact products split across the pool where there
-        // are many (`split`); returns the survivor count.
-        let one = |t: usize, survivors: &mut Vec<u32>, values: &mut Vec<f32>, split: bool| {
+        // One token's argmax and survivor count, its survivors' exact products split across the pool where there
+        // are many (inside a pool item, the pool runs that nested call on the calling thread).
+        let one = |t: usize, survivors: &mut Vec<u32>, values: &mut Vec<f32>| {
             // ‖x̂‖ of the quantized activation row both products see.
             let xq = &acts.qs[t * cols..(t + 1) * cols];
             let norm2: f64 = acts.d[t * nb..(t + 1) * nb]
@@ -212,7 +212,7 @@ impl HeadScreen {
                 }
             };
             let vals = SendPtr(values.as_mut_ptr());
-            if !split || survivors.len() < PARALLEL_SURVIVORS || pool.n_threads() == 1 {
+            if survivors.len() < PARALLEL_SURVIVORS || pool.n_threads() == 1 {
                 work(0..survivors.len(), vals);
             } else {
                 pool.run(&|i, n| work(split_range(survivors.len(), i, n), vals));
@@ -224,7 +224,7 @@ impl HeadScreen {
         let mut total = 0;
         if n_tokens == 1 || pool.n_threads() == 1 || n_tokens > crate::pool::MAX_ITEMS {
             for (t, out) in out.iter_mut().enumerate().take(n_tokens) {
-                let (best, n) = one(t, &mut survivors, &mut values, true);
+                let (best, n) = one(t, &mut survivors, &mut values);
                 (*out, total) = (best, total + n);
             }
         } else {
@@ -233,7 +233,7 @@ impl HeadScreen {
             // calling one while the others wait. Each token's result is the same either way.
             let found: Vec<std::sync::Mutex<(u32, usize)>> = (0..n_tokens).map(|_| Default::default()).collect();
             pool.run_items(n_tokens, &|t| {
-                let r = one(t, &mut Vec::new(), &mut Vec::new(), false);
+                let r = one(t, &mut Vec::new(), &mut Vec::new());
                 *found[t].lock().unwrap_or_else(|p| p.into_inner()) = r;
             });
             for (out, f) in out.iter_mut().zip(found) {
