@@ -7,8 +7,9 @@
 //! 2. Weight rows are split across the [`ThreadPool`]; each weight block is loaded once and dotted with a
 //!    tile of up to 8 activation rows (cheap multi-token verification for speculative decoding).
 //! 3. Dot products use integer block sums scaled per block ([`kernel`]): AVX-512 VNNI, AVX2 or scalar,
-//!    chosen at run time ([`detected_isa`], env `SPECEE_KERNEL=scalar|avx2|avx512`); with `SPECEE_AMX=1`, AMX
-//!    tiles for ≥ 10 activation rows (opt-in: no faster end to end where measured, `kernel/amx.rs`).
+//!    chosen at run time ([`detected_isa`], env `SPECEE_KERNEL=scalar|avx2|avx512`); AMX tiles for ≥ 10
+//!    activation rows in the head screen where the CPU has them (`SPECEE_AMX=0`: off) and, with `SPECEE_AMX=1`, in
+//!    the matmuls too (opt-in: no faster end to end where measured, `kernel/amx.rs`).
 //!
 //! [`colskip`] holds column-major products that skip the columns of zero inputs (activation sparsity, issue #39):
 //! measured 1.4–2.4× dense's cost per weight read, so no faster than dense below 30–70% zero inputs; no model

@@ -514,7 +514,8 @@ fn interleaved_kernels_write_only_their_outputs() {
     }
 }
 
-/// The AMX tile kernels (opt-in, `SPECEE_AMX=1`) give the VNNI kernels' results bit for bit through the product's
+/// The AMX tile kernels (the matmuls' opt-in, `SPECEE_AMX=1`; the head screen's on by default) give the VNNI
+/// kernels' results bit for bit through the product's
 /// dispatch (tiles of 16 activation rows, a remainder below `MIN_ROWS` on VNNI), with an odd last group, for every
 /// token count up to 40. Runs only where the CPU and OS can run AMX.
 #[cfg(target_arch = "x86_64")]
@@ -544,6 +545,27 @@ fn amx_tiles_equal_the_vnni_kernels_bit_for_bit() {
                 for i in 0..n * rows {
                     assert_eq!(got[i].to_bits(), want[i].to_bits(), "{ty} {rows}x{cols} n={n} i={i}");
                 }
+            }
+        }
+    } // The head screen's tile kernel (on by default where AMX runs), on random 6-bit groups with sane scales.
+    use crate::screen::{BLOCK_BYTES, GROUP};
+    let (groups, tiles) = (crate::kernel::avx512::screen6_kernel(), amx::screen_kernel());
+    for (rows, cols) in [(16, 32), (48, 96), (160, 640)] {
+        let mut data: Vec<u8> = (0..rows / GROUP * cols / 32 * BLOCK_BYTES).map(|_| rng.byte()).collect();
+        for block in data.chunks_exact_mut(BLOCK_BYTES) {
+            for r in 0..GROUP {
+                block[2 * r..2 * r + 2].copy_from_slice(&(0x2400u16 + (rng.next_u64() % 512) as u16).to_le_bytes());
+            }
+        }
+        let w = RawRows { data: &data, rows, row_bytes: data.len() / rows };
+        let x = random_x(40 * cols, &mut rng);
+        for n in [1, 4, 9, 10, 11, 16, 17, 25, 26, 40] {
+            let (mut got, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+            let both = Kernel::Tiles { groups, tiles };
+            product(&pool, both, ActKind::Q8_0, w, &x[..n * cols], cols, n, &mut got, &mut scratch);
+            product(&pool, Kernel::Groups(groups), ActKind::Q8_0, w, &x[..n * cols], cols, n, &mut want, &mut scratch);
+            for i in 0..n * rows {
+                assert_eq!(got[i].to_bits(), want[i].to_bits(), "screen {rows}x{cols} n={n} i={i}");
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Prints how long building the head screen took, then times the output head alone: full logits (`head_full`)
-//! against the screened greedy argmax (`head_argmax`), for 1, 2, 4 and 8 rows of real hidden states (the screen
+//! against the screened greedy argmax (`head_argmax`), for 1, 2, 4, 8 and 16 rows of real hidden states (the screen
 //! forced on whatever the head's size). `cargo run --release -p model --example headbench -- MODEL.gguf [threads] [REFERENCE.jsonl]`
 //!
 //! With a reference file (`../shared/reference/*.greedy_*.jsonl`; its first record's prompt and greedy ids are
@@ -18,15 +18,17 @@ fn main() {
     let built = Instant::now();
     assert!(m.force_head_screen(threads), "no head screen for this head");
     println!("screen built in {:.1} ms on {threads} threads", built.elapsed().as_secs_f64() * 1e3);
-    // Real hidden states: the last 8 rows of a forward over fixed token ids.
-    let ids: Vec<u32> = (0..40u32).map(|i| 300 + i * 37).collect();
+    // Real hidden states: the last 16 rows of a forward over fixed token ids.
+    let ids: Vec<u32> = (0..64u32).map(|i| 300 + i * 37).collect();
     let (mut kv, mut hidden) = (m.new_cache(64), Vec::new());
     m.forward(&ids, &mut kv, &mut ws, &mut hidden, model::Logits::None).unwrap();
-    let mut normed = vec![0.0; 8 * d];
-    m.final_norm(&hidden[(ids.len() - 8) * d..], &mut normed);
-    let mut logits = vec![0.0; 8 * v];
-    let mut out = [0u32; 8];
-    for n in [1usize, 2, 4, 8] {
+    let mut normed = vec![0.0; 16 * d];
+    m.final_norm(&hidden[(ids.len() - 16) * d..], &mut normed);
+    let mut logits = vec![0.0; 16 * v];
+    let mut out = [0u32; 16];
+    // `HEADBENCH_ROWS=16` times only that many rows (for a profile of one size).
+    let only: Option<usize> = std::env::var("HEADBENCH_ROWS").ok().and_then(|v| v.parse().ok());
+    for n in [1usize, 2, 4, 8, 16].into_iter().filter(|&n| only.is_none_or(|o| o == n)) {
         for round in 0..3 {
             let t = Instant::now();
             for _ in 0..50 {

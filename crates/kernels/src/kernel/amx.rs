@@ -1,5 +1,6 @@
 //! AMX tile kernels (Intel Advanced Matrix Extensions, Sapphire Rapids and later) for products with several
-//! activation rows: the interleaved Q4_0, Q4_1 and Q8_0 matrices ([`crate::repack::interleave8`]).
+//! activation rows: the interleaved Q4_0, Q4_1 and Q8_0 matrices ([`crate::repack::interleave8`]) and the head
+//! screen's 6-bit groups ([`crate::screen`]).
 //!
 //! One `tdpbsud`/`tdpbssd` multiplies a tile of up to 16 activation rows × 32 values (signed bytes) by 32 values
 //! of 16 weight rows, giving the 16 × 16 block sums a VNNI kernel builds from 8 `vpdpbusd` per activation row.
@@ -15,13 +16,23 @@
 //! side: tile row `i` is register `i` of both groups ([`super::avx512::pair_reg`]), for Q4 split into its low
 //! nibbles (values `4i..4i+4`, tile rows 0..4) and high nibbles (values `16+4i..`, tile rows 4..8), so the
 //! values come in their natural order and the activations need no reordering. Unsigned nibbles use `tdpbsud`
-//! (signed A × unsigned B), Q8_0 `tdpbssd`; neither needs the `+128` offset of the VNNI kernels.
+//! (signed A × unsigned B), Q8_0 `tdpbssd`; neither needs the `+128` offset of the VNNI kernels. The screen's
+//! value register `j` is tile row `j` too; its stored `q + 32` are unpacked as signed `q` (`tdpbssd`), whose sum
+//! is the VNNI screen kernel's `-32·Σy + Σ(q + 32)·y`.
 //!
 //! Two blocks are in flight at a time (tiles 0–2 and 3–5): the product of block b + 1 runs while block b is
-//! scaled. Used only with `SPECEE_AMX=1`, where the CPU has AMX-INT8, Linux grants the tile state
-//! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`) and the kernels agree bit for bit with the VNNI ones on a self-check.
+//! scaled. Used where the CPU has AMX-INT8, Linux grants the tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`) and
+//! the kernels agree bit for bit with the VNNI ones on a self-check: the head screen's by default (`SPECEE_AMX=0`
+//! turns it off), the matmuls' only with `SPECEE_AMX=1`.
 //!
-//! **Opt-in, because it does not pay end to end here** (session 55, 2-vCPU Emerald Rapids VM):
+//! **The head screen's tiles pay from ~10 rows** (session 60, same VM): the screen is the largest product of a
+//! batched greedy step (Gemma 3 270M: 262,144 × 640), a tile block's fixed cost (~30 ns a block of 16 weight rows,
+//! whatever the activation rows) is below 16 rows' 128 `vpdpbusd`, and its signed values need no offset term
+//! (the Q4 matmuls' second FMA per block). Measured with `batchbench` (numbers in `screen.rs`); with
+//! `HEADBENCH_ROWS=N SPECEE_AMX=0|1 headbench MODEL 2` (the screened argmax alone, Gemma) at 4 and 8 rows the
+//! tiles took 5.4 / 6.2 ms against VNNI's 3.5 / 5.7 (`MIN_ROWS` lowered to 4 for that run).
+//!
+//! **The matmuls' tiles are opt-in, because they do not pay end to end here** (session 55, 2-vCPU Emerald Rapids VM):
 //! - `bench/amx_tile_probe.c`: the tile instructions of one block cost ~25 ns (sum store 8.5–9, product 7.5–7.8,
 //!   activation load 5.1) whatever the number of activation rows, and the per-block float scaling, which the
 //!   VNNI kernels do too (`acc += f32(sum)·(d_w·d_x) + m_w·s_x`: 4 vector operations per activation row and 16
@@ -35,7 +46,7 @@
 //!   ±10% either way; `kprof` 128 rows 164 / 166 / 174 vs 169 / 165 / 157 ms. The matmul is about half of a
 //!   multi-row forward and the tiles take a quarter off it at 16 rows.
 
-use super::avx512::{pair_f16, pair_reg, store_pair_rows};
+use super::avx512::{pair_f16, pair_reg, screen_values, store_pair_rows};
 use super::{prefetch_ahead, GroupKernel};
 use crate::quantize::Acts;
 use std::arch::asm;
@@ -49,7 +60,7 @@ pub(crate) const ROWS: usize = 16;
 /// same; at 4 the tiles took 1.7× as long).
 pub(crate) const MIN_ROWS: usize = 10;
 
-/// Whether the AMX kernels are used in this process (checked once): only where asked for with `SPECEE_AMX=1`
+/// Whether the matmuls' AMX kernels are used in this process (checked once): only where asked for with `SPECEE_AMX=1`
 /// (measured no faster end to end on the 2-vCPU Emerald Rapids VM, see the module header), the CPU can run them
 /// ([`hardware`]) and they agree with the VNNI kernels.
 pub(crate) fn available() -> bool {
@@ -61,6 +72,23 @@ pub(crate) fn available() -> bool {
         let ok = self_check();
         if !ok {
             eprintln!("specee kernels: the AMX kernels disagree with the VNNI ones; not using them");
+        }
+        ok
+    })
+}
+
+/// Whether the head screen ([`crate::screen`]) uses its tile kernel for products of at least [`MIN_ROWS`]
+/// activation rows (checked once): by default where the CPU can run it ([`hardware`]) and it agrees bit for bit
+/// with the VNNI screen kernel; `SPECEE_AMX=0` turns it off.
+pub(crate) fn screen_available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        if std::env::var("SPECEE_AMX").is_ok_and(|v| v == "0") || !hardware() {
+            return false;
+        }
+        let ok = screen_self_check();
+        if !ok {
+            eprintln!("specee kernels: the AMX head screen disagrees with the VNNI one; not using it");
         }
         ok
     })
@@ -144,6 +172,8 @@ struct Scratch {
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+/// The head screen's 6-bit groups of 16 rows ([`crate::screen`]).
+const SCREEN: u8 = 3;
 
 /// The tile kernel for interleaved `ty`, if there is one (call only after [`hardware`]). Handles up to [`ROWS`]
 /// activation rows per call, with the [`GroupKernel`] contract.
@@ -214,6 +244,34 @@ unsafe fn legacy<const K: u8>(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: us
     }
 }
 
+/// The head screen's groups of 16 interleaved 6-bit rows ([`crate::screen`]) × activation rows `t0..t0+nt`
+/// (`nt <= 16`), written to `out[j * stride + r]`, bit for bit as the VNNI screen kernel
+/// ([`super::avx512::screen6_kernel`]): the same integer block sums (from the tiles), the same float operations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+unsafe fn screen(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    use crate::screen::{BLOCK_BYTES, GROUP};
+    let nb = cols / 32;
+    let gb = nb * BLOCK_BYTES;
+    assert!(a.nb == nb && a.cols == cols && nb * 32 == cols && (1..=ROWS).contains(&nt) && w.len() % gb == 0);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.zb.len() >= (t0 + nt) * nb);
+    let groups = w.len() / gb;
+    assert!(out.len() >= (nt - 1) * stride + GROUP * groups);
+    configure(nt);
+    let mut scratch = std::mem::MaybeUninit::<Scratch>::uninit();
+    // SAFETY: as in `legacy`: every byte is written before it is read.
+    let scratch = unsafe { scratch.assume_init_mut() };
+    for g in 0..groups {
+        let grp = w.as_ptr().add(g * gb);
+        rows16!(pair::<SCREEN>, nt, grp, 0, a, t0, out.as_mut_ptr().add(GROUP * g), stride, scratch);
+    }
+}
+
+/// The tile kernel of the head screen (call only after [`hardware`]), with the [`GroupKernel`] contract.
+pub(crate) fn screen_kernel() -> GroupKernel {
+    // SAFETY: handed out only after `hardware()` (see `group_kernel`); `screen` checks the shapes.
+    |w, cols, a, t0, nt, o, stride| unsafe { screen(w, cols, a, t0, nt, o, stride) }
+}
+
 thread_local! {
     /// The activation rows the tiles of this thread are configured for (0: not configured).
     static CONFIGURED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
@@ -248,6 +306,7 @@ const fn block_bytes(k: u8) -> usize {
     match k {
         Q4_0 => crate::repack::x8_legacy_bytes(false),
         Q4_1 => crate::repack::x8_legacy_bytes(true),
+        SCREEN => crate::screen::BLOCK_BYTES,
         _ => crate::repack::Q8_0_X8_BYTES,
     }
 }
@@ -267,7 +326,14 @@ unsafe fn pair<const K: u8, const G: usize>(
 ) {
     let nb = a.nb;
     let xb = block_bytes(K);
-    let blocks = |b: usize| (grp.add(b * xb), grp.add(second + b * xb));
+    // A screen group is 16 rows in one block column: its two "groups" are the same pointer.
+    let blocks = |b: usize| {
+        if K == SCREEN {
+            (grp.add(b * xb), grp.add(b * xb))
+        } else {
+            (grp.add(b * xb), grp.add(second + b * xb))
+        }
+    };
     let mut acc = [_mm512_setzero_ps(); G];
     // Software-pipelined: the tile product of block b + 1 runs while block b is scaled, and its sums are stored
     // only after block b's were loaded (loads do not pass an older tile store: stored first, the scaling waited
@@ -300,7 +366,13 @@ unsafe fn pair<const K: u8, const G: usize>(
             }
         }
     }
-    store_pair_rows(&acc, second, out, stride);
+    if K == SCREEN {
+        for (j, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(j * stride), *acc);
+        }
+    } else {
+        store_pair_rows(&acc, second, out, stride);
+    }
 }
 
 /// Block column `(b0, b1)` of two groups' weights into a tile in VNNI order (see the module header).
@@ -311,7 +383,25 @@ unsafe fn unpack<const K: u8>((b0, b1): (*const u8, *const u8), dst: &mut [u8; 5
     prefetch_ahead(b0, xb);
     prefetch_ahead(b1, xb);
     let dst = dst.as_mut_ptr() as *mut __m512i;
-    if K == Q8_0 {
+    if K == SCREEN {
+        // Value register j (values 4j..4j+4 of the 16 rows) is tile row j, as the VNNI screen kernel builds it, less
+        // the +32 of the stored values: signed, so the product needs no offset term.
+        use crate::screen::{HIGH, NIBBLES};
+        let h0 = _mm512_loadu_si512(b0.add(HIGH) as *const _);
+        let h1 = _mm512_loadu_si512(b0.add(HIGH + 64) as *const _);
+        let off = _mm512_set1_epi8(32);
+        macro_rules! step {
+            ($i:literal) => {{
+                let nib = _mm512_loadu_si512(b0.add(NIBBLES + 64 * $i) as *const _);
+                _mm512_store_si512(dst.add($i), _mm512_sub_epi8(screen_values::<$i>(nib, h0), off));
+                _mm512_store_si512(dst.add(4 + $i), _mm512_sub_epi8(screen_values::<{ 4 + $i }>(nib, h1), off));
+            }};
+        }
+        step!(0);
+        step!(1);
+        step!(2);
+        step!(3);
+    } else if K == Q8_0 {
         for i in 0..8 {
             _mm512_store_si512(dst.add(i), pair_reg(b0, b1, crate::repack::Q8_0_X8_QS + 32 * i));
         }
@@ -346,7 +436,7 @@ unsafe fn compute<const K: u8, const S: usize>(a: &Acts, t: usize, b: usize, scr
             )
         };
     }
-    match (K == Q8_0, S) {
+    match (K == Q8_0 || K == SCREEN, S) {
         (false, 0) => compute!("tdpbsud", "0", "1", "2"),
         (false, _) => compute!("tdpbsud", "3", "4", "5"),
         (true, 0) => compute!("tdpbssd", "0", "1", "2"),
@@ -380,6 +470,18 @@ unsafe fn scale<const K: u8, const G: usize>(
     acc: &mut [__m512; G],
 ) {
     let nb = a.nb;
+    if K == SCREEN {
+        // The VNNI screen kernel's operations: `acc += f32(sum) · (d_w · d_x)`, where its sum `-32·Σy + Σ(q + 32)·y`
+        // is the tiles' signed `Σq·y` (the same integer).
+        let d0 = a.d.as_ptr().add(t * nb + b);
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(b0 as *const __m256i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let sum = _mm512_load_si512(sums.as_ptr().add(16 * j) as *const __m512i);
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d0.add(j * nb)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, *acc);
+        }
+        return;
+    }
     let (d0, s0) = (a.d.as_ptr().add(t * nb + b), a.s.as_ptr().add(t * nb + b));
     let dw = pair_f16(b0, b1, 0);
     let cw = match K {
@@ -394,6 +496,38 @@ unsafe fn scale<const K: u8, const G: usize>(
             *acc = _mm512_fmadd_ps(cw, _mm512_set1_ps(*s0.add(j * nb)), *acc);
         }
     }
+}
+
+/// Compares the screen's tile kernel with its VNNI kernel, bit for bit, on pseudo-random screen groups (3 groups
+/// of 16 rows × 96 columns) for 1, 10 and 16 activation rows.
+fn screen_self_check() -> bool {
+    use crate::quantize::ActKind;
+    use crate::screen::{BLOCK_BYTES, GROUP};
+    let mut next = super::xorshift(0x5c4e_e11a_3b9d_0c21);
+    let (groups, cols) = (3, 96);
+    let mut w: Vec<u8> = (0..groups * cols / 32 * BLOCK_BYTES).map(|_| next() as u8).collect();
+    for block in w.chunks_exact_mut(BLOCK_BYTES) {
+        for r in 0..GROUP {
+            block[2 * r..2 * r + 2].copy_from_slice(&(0x2000u16 + 97 * r as u16).to_le_bytes());
+        }
+    }
+    let (tiles, vnni) = (screen_kernel(), super::avx512::screen6_kernel());
+    let rows = groups * GROUP;
+    for nt in [1, 10, 16] {
+        let (x, buf) = super::random_acts(ActKind::Q8_0, nt, cols, &mut next);
+        let acts = buf.view(ActKind::Q8_0, &x, cols);
+        let (mut got, mut want) = (vec![0.0f32; nt * rows], vec![0.0f32; nt * rows]);
+        tiles(&w, cols, &acts, 0, nt, &mut got, rows);
+        release();
+        for t0 in (0..nt).step_by(super::TILE) {
+            let n = (nt - t0).min(super::TILE);
+            vnni(&w, cols, &acts, t0, n, &mut want[t0 * rows..], rows);
+        }
+        if got.iter().zip(&want).any(|(g, w)| g.to_bits() != w.to_bits()) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Compares the tile kernels with the VNNI group kernels, bit for bit, on pseudo-random matrices (an odd number

@@ -826,7 +826,7 @@ unsafe fn q8_x16_tokens<const G: usize>(
 /// Value register `J` of the head screen's interleaved block, as [`super::avx2::screen_values`] on all 16 rows.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-unsafe fn screen_values<const J: usize>(nib: __m512i, high: __m512i) -> __m512i {
+pub(super) unsafe fn screen_values<const J: usize>(nib: __m512i, high: __m512i) -> __m512i {
     let low = if J < 4 { nib } else { _mm512_srli_epi16::<4>(nib) };
     let h = match J % 4 {
         0 => _mm512_slli_epi16::<4>(high),
