@@ -152,6 +152,33 @@ def run_level(server, prompts, clients, requests, max_tokens):
             "ttft": ttft, "itl": gaps, "failed": len(errors)}
 
 
+def batch_counters(server):
+    """specee's `/metrics` sums and counts of rows and requests per batched forward (None for other servers)."""
+    if server.name != "specee serve":
+        return None
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as f:
+        text = f.read().decode()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("specee_batch_rows_sum", "specee_batch_rows_count", "specee_batch_sequences_sum"):
+            values[name] = float(value)
+    return values
+
+
+def per_forward(before, after):
+    """Mean rows and requests per forward between two `batch_counters` readings."""
+    if not before or not after:
+        return None
+    forwards = after.get("specee_batch_rows_count", 0) - before.get("specee_batch_rows_count", 0)
+    if forwards <= 0:
+        return None
+    rows = after.get("specee_batch_rows_sum", 0) - before.get("specee_batch_rows_sum", 0)
+    seqs = after.get("specee_batch_sequences_sum", 0) - before.get("specee_batch_sequences_sum", 0)
+    return rows / forwards, seqs / forwards
+
+
 def pct(xs, q):
     if not xs:
         return float("nan")
@@ -182,8 +209,11 @@ def throughput(a, model, prompts):
             for rnd in range(a.rounds):
                 for c in levels_here:
                     n = a.requests or max(16, 4 * c)
+                    before = batch_counters(server)
                     r = run_level(server, prompts, c, n, a.max_tokens)
-                    prev = table.setdefault((name, c), {"runs": [], "ttft": [], "itl": [], "stalled": 0})
+                    shape = per_forward(before, batch_counters(server))
+                    prev = table.setdefault((name, c), {"runs": [], "ttft": [], "itl": [], "stalled": 0,
+                                                        "shape": []})
                     if r["failed"]:
                         # A round with requests that failed (llama-server 0.3.36 stalls under concurrent streams,
                         # then the client times out) measures the stall, not the throughput: left out, counted.
@@ -192,8 +222,11 @@ def throughput(a, model, prompts):
                     prev["runs"].append(r["tok_s"])
                     prev["ttft"] += r["ttft"]
                     prev["itl"] += r["itl"]
+                    if shape:
+                        prev["shape"].append(shape)
+                    shown = f", {shape[0]:.1f} rows / {shape[1]:.1f} requests per forward" if shape else ""
                     print(f"  {name} round {rnd + 1} C={c}: {r['requests']} requests, {r['tokens']} tokens in "
-                          f"{r['wall']:.1f} s: {r['tok_s']:.1f} tok/s", file=sys.stderr)
+                          f"{r['wall']:.1f} s: {r['tok_s']:.1f} tok/s{shown}", file=sys.stderr)
             for c in levels_here:
                 t = table[(name, c)]
                 t["tok_s"] = statistics.median(t["runs"]) if t["runs"] else float("nan")
@@ -201,8 +234,8 @@ def throughput(a, model, prompts):
             server.stop()
     print(f"\n{os.path.basename(model)}, {a.threads} thread(s), {a.max_tokens} tokens per request at most, greedy, "
           f"prompts {os.path.relpath(a.prompts, ROOT)}; tok/s: median of {a.rounds} rounds (min–max)\n")
-    head = "| clients | specee tok/s | ×1 client | TTFT p50 / p99 ms | ITL p50 / p99 ms |"
-    sep = "| ---: | ---: | ---: | ---: | ---: |"
+    head = "| clients | specee tok/s | ×1 client | TTFT p50 / p99 ms | ITL p50 / p99 ms | rows / requests a forward |"
+    sep = "| ---: | ---: | ---: | ---: | ---: | ---: |"
     if a.llama_server:
         head += " llama-server tok/s | ×1 client | ITL p50 / p99 ms | specee / llama-server |"
         sep += " ---: | ---: | ---: | ---: |"
@@ -213,8 +246,10 @@ def throughput(a, model, prompts):
         s1 = table[("specee", levels[0])]["tok_s"]
         spread = lambda t: (f"{t['tok_s']:.1f} ({min(t['runs']):.0f}–{max(t['runs']):.0f})" if t["runs"] else "—") + \
             (f" [{t['stalled']} round(s) stalled]" if t["stalled"] else "")
+        shape = (f"{statistics.mean(x[0] for x in s['shape']):.1f} / {statistics.mean(x[1] for x in s['shape']):.1f}"
+                 if s["shape"] else "—")
         row = (f"| {c} | {spread(s)} | {s['tok_s'] / s1:.2f}× | {pct(s['ttft'], .5):.0f} / {pct(s['ttft'], .99):.0f} "
-               f"| {pct(s['itl'], .5):.1f} / {pct(s['itl'], .99):.1f} |")
+               f"| {pct(s['itl'], .5):.1f} / {pct(s['itl'], .99):.1f} | {shape} |")
         if a.llama_server and ("llama-server", c) not in table:
             row += " not run | | | |"
         elif a.llama_server:
