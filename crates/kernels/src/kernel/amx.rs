@@ -512,22 +512,34 @@ fn screen_self_check() -> bool {
         }
     }
     let (tiles, vnni) = (screen_kernel(), super::avx512::screen6_kernel());
-    let rows = groups * GROUP;
-    for nt in [1, 10, 16] {
-        let (x, buf) = super::random_acts(ActKind::Q8_0, nt, cols, &mut next);
-        let acts = buf.view(ActKind::Q8_0, &x, cols);
+    agree(tiles, vnni, &w, groups * GROUP, cols, ActKind::Q8_0, &[1, 10, 16], &mut next)
+}
+
+/// Whether `tiles` gives `vnni`'s products of `w` (`rows` × `cols`, laid out for both) bit for bit, for each count
+/// of pseudo-random activation rows in `counts` (the VNNI kernel called on at most `TILE` rows at a time).
+#[allow(clippy::too_many_arguments)]
+fn agree(
+    tiles: GroupKernel,
+    vnni: GroupKernel,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    kind: crate::quantize::ActKind,
+    counts: &[usize],
+    next: &mut impl FnMut() -> u64,
+) -> bool {
+    counts.iter().all(|&nt| {
+        let (x, buf) = super::random_acts(kind, nt, cols, next);
+        let acts = buf.view(kind, &x, cols);
         let (mut got, mut want) = (vec![0.0f32; nt * rows], vec![0.0f32; nt * rows]);
-        tiles(&w, cols, &acts, 0, nt, &mut got, rows);
+        tiles(w, cols, &acts, 0, nt, &mut got, rows);
         release();
         for t0 in (0..nt).step_by(super::TILE) {
             let n = (nt - t0).min(super::TILE);
-            vnni(&w, cols, &acts, t0, n, &mut want[t0 * rows..], rows);
+            vnni(w, cols, &acts, t0, n, &mut want[t0 * rows..], rows);
         }
-        if got.iter().zip(&want).any(|(g, w)| g.to_bits() != w.to_bits()) {
-            return false;
-        }
-    }
-    true
+        got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits())
+    })
 }
 
 /// Compares the tile kernels with the VNNI group kernels, bit for bit, on pseudo-random matrices (an odd number
@@ -551,19 +563,8 @@ fn self_check() -> bool {
             }
         }
         let w = crate::repack::interleave8(ty, &w, rows, cols);
-        for nt in [1, 5, 16] {
-            let (x, buf) = super::random_acts(kind, nt, cols, &mut next);
-            let acts = buf.view(kind, &x, cols);
-            let (mut got, mut want) = (vec![0.0f32; nt * rows], vec![0.0f32; nt * rows]);
-            tiles(&w, cols, &acts, 0, nt, &mut got, rows);
-            release();
-            for t0 in (0..nt).step_by(super::TILE) {
-                let n = (nt - t0).min(super::TILE);
-                vnni(&w, cols, &acts, t0, n, &mut want[t0 * rows..], rows);
-            }
-            if got.iter().zip(&want).any(|(g, w)| g.to_bits() != w.to_bits()) {
-                return false;
-            }
+        if !agree(tiles, vnni, &w, rows, cols, kind, &[1, 5, 16], &mut next) {
+            return false;
         }
     }
     true
