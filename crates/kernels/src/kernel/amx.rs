@@ -381,7 +381,10 @@ unsafe fn pair<const K: u8, const G: usize>(
 unsafe fn unpack<const K: u8>((b0, b1): (*const u8, *const u8), dst: &mut [u8; 512]) {
     let xb = block_bytes(K);
     prefetch_ahead(b0, xb);
-    prefetch_ahead(b1, xb);
+    if K != SCREEN {
+        // (A screen group's two pointers are the same block.)
+        prefetch_ahead(b1, xb);
+    }
     let dst = dst.as_mut_ptr() as *mut __m512i;
     if K == SCREEN {
         // Value register j (values 4j..4j+4 of the 16 rows) is tile row j, as the VNNI screen kernel builds it, less
