@@ -515,9 +515,9 @@ fn interleaved_kernels_write_only_their_outputs() {
 }
 
 /// The AMX tile kernels (the matmuls' opt-in, `SPECEE_AMX=1`; the head screen's on by default) give the VNNI
-/// kernels' results bit for bit through the product's
-/// dispatch (tiles of 16 activation rows, a remainder below `MIN_ROWS` on VNNI), with an odd last group, for every
-/// token count up to 40. Runs only where the CPU and OS can run AMX.
+/// kernels' results bit for bit through the product's dispatch (tiles of 16 activation rows, a remainder below
+/// `MIN_ROWS` on VNNI), with an odd last group, for every token count up to 40. Runs only where the CPU and OS can
+/// run AMX.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn amx_tiles_equal_the_vnni_kernels_bit_for_bit() {
@@ -530,46 +530,35 @@ fn amx_tiles_equal_the_vnni_kernels_bit_for_bit() {
     let mut rng = Rng(0x0a3c_5e11_7a9e_0001);
     let pool = ThreadPool::new(2);
     let mut scratch = MatmulScratch::default();
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        let kind = act_kind(ty).unwrap();
-        let (groups, tiles) = (group_kernel(Isa::Avx512, ty).unwrap(), amx::group_kernel(ty).unwrap());
-        for (rows, cols) in [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)] {
-            let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
-            let w = RawRows { data: &data, rows, row_bytes: data.len() / rows };
-            let x = random_x(40 * cols, &mut rng);
-            for n in [1, 4, 9, 10, 11, 16, 17, 25, 26, 40] {
-                let (mut got, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
-                let both = Kernel::Tiles { groups, tiles };
-                product(&pool, both, kind, w, &x[..n * cols], cols, n, &mut got, &mut scratch);
-                product(&pool, Kernel::Groups(groups), kind, w, &x[..n * cols], cols, n, &mut want, &mut scratch);
-                for i in 0..n * rows {
-                    assert_eq!(got[i].to_bits(), want[i].to_bits(), "{ty} {rows}x{cols} n={n} i={i}");
-                }
-            }
-        }
-    }
-    // The head screen's tile kernel (on by default where AMX runs: its self-check passes), on random 6-bit groups
-    // with sane scales.
-    assert!(amx::screen_available() || std::env::var("SPECEE_AMX").is_ok_and(|v| v == "0"), "screen self-check");
-    use crate::screen::{BLOCK_BYTES, GROUP};
-    let (groups, tiles) = (crate::kernel::avx512::screen6_kernel(), amx::screen_kernel());
-    for (rows, cols) in [(16, 32), (48, 96), (160, 640)] {
-        let mut data: Vec<u8> = (0..rows / GROUP * cols / 32 * BLOCK_BYTES).map(|_| rng.byte()).collect();
-        for block in data.chunks_exact_mut(BLOCK_BYTES) {
-            for r in 0..GROUP {
-                block[2 * r..2 * r + 2].copy_from_slice(&(0x2400u16 + (rng.next_u64() % 512) as u16).to_le_bytes());
-            }
-        }
-        let w = RawRows { data: &data, rows, row_bytes: data.len() / rows };
-        let x = random_x(40 * cols, &mut rng);
+    // Both dispatches over `w` (`rows` × `cols`) for every token count, bit for bit.
+    let mut same_bits = |(groups, tiles), kind, w: RawRows, cols: usize, what: &str, rng: &mut Rng| {
+        let rows = w.rows;
+        let x = random_x(40 * cols, rng);
         for n in [1, 4, 9, 10, 11, 16, 17, 25, 26, 40] {
             let (mut got, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
             let both = Kernel::Tiles { groups, tiles };
-            product(&pool, both, ActKind::Q8_0, w, &x[..n * cols], cols, n, &mut got, &mut scratch);
-            product(&pool, Kernel::Groups(groups), ActKind::Q8_0, w, &x[..n * cols], cols, n, &mut want, &mut scratch);
+            product(&pool, both, kind, w, &x[..n * cols], cols, n, &mut got, &mut scratch);
+            product(&pool, Kernel::Groups(groups), kind, w, &x[..n * cols], cols, n, &mut want, &mut scratch);
             for i in 0..n * rows {
-                assert_eq!(got[i].to_bits(), want[i].to_bits(), "screen {rows}x{cols} n={n} i={i}");
+                assert_eq!(got[i].to_bits(), want[i].to_bits(), "{what} {rows}x{cols} n={n} i={i}");
             }
         }
+    };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let kind = act_kind(ty).unwrap();
+        let kernels = (group_kernel(Isa::Avx512, ty).unwrap(), amx::group_kernel(ty).unwrap());
+        for (rows, cols) in [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)] {
+            let data = repack::interleave8(ty, &random_weights(ty, rows, cols, &mut rng), rows, cols);
+            let w = RawRows { data: &data, rows, row_bytes: data.len() / rows };
+            same_bits(kernels, kind, w, cols, ty.name(), &mut rng);
+        }
+    }
+    // The head screen's tile kernel (on by default where AMX runs: its self-check passes).
+    assert!(amx::screen_available() || std::env::var("SPECEE_AMX").is_ok_and(|v| v == "0"), "screen self-check");
+    let kernels = (crate::kernel::avx512::screen6_kernel(), amx::screen_kernel());
+    for (rows, cols) in [(16, 32), (48, 96), (160, 640)] {
+        let data = amx::random_screen_groups(rows / crate::screen::GROUP, cols, &mut || rng.next_u64());
+        let w = RawRows { data: &data, rows, row_bytes: data.len() / rows };
+        same_bits(kernels, ActKind::Q8_0, w, cols, "screen", &mut rng);
     }
 }

@@ -505,17 +505,25 @@ unsafe fn scale<const K: u8, const G: usize>(
 /// of 16 rows × 96 columns) for 1, 10 and 16 activation rows.
 fn screen_self_check() -> bool {
     use crate::quantize::ActKind;
-    use crate::screen::{BLOCK_BYTES, GROUP};
+    use crate::screen::GROUP;
     let mut next = super::xorshift(0x5c4e_e11a_3b9d_0c21);
     let (groups, cols) = (3, 96);
+    let w = random_screen_groups(groups, cols, &mut next);
+    let (tiles, vnni) = (screen_kernel(), super::avx512::screen6_kernel());
+    agree(tiles, vnni, &w, groups * GROUP, cols, ActKind::Q8_0, &[1, 10, 16], &mut next)
+}
+
+/// `groups` head-screen groups of `cols` columns ([`crate::screen`]) of pseudo-random values, with finite scales
+/// (f16 values in [2⁻⁶, 2⁻⁵)).
+pub(crate) fn random_screen_groups(groups: usize, cols: usize, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+    use crate::screen::{BLOCK_BYTES, GROUP};
     let mut w: Vec<u8> = (0..groups * cols / 32 * BLOCK_BYTES).map(|_| next() as u8).collect();
     for block in w.chunks_exact_mut(BLOCK_BYTES) {
         for r in 0..GROUP {
-            block[2 * r..2 * r + 2].copy_from_slice(&(0x2000u16 + 97 * r as u16).to_le_bytes());
+            block[2 * r..2 * r + 2].copy_from_slice(&(0x2400u16 + (next() % 512) as u16).to_le_bytes());
         }
     }
-    let (tiles, vnni) = (screen_kernel(), super::avx512::screen6_kernel());
-    agree(tiles, vnni, &w, groups * GROUP, cols, ActKind::Q8_0, &[1, 10, 16], &mut next)
+    w
 }
 
 /// Whether `tiles` gives `vnni`'s products of `w` (`rows` × `cols`, laid out for both) bit for bit, for each count
