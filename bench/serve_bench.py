@@ -162,13 +162,15 @@ def batch_counters(server):
     values = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ("specee_batch_rows_sum", "specee_batch_rows_count", "specee_batch_sequences_sum"):
+        if name in ("specee_batch_rows_sum", "specee_batch_rows_count", "specee_batch_sequences_sum",
+                    "specee_batch_step_seconds_sum"):
             values[name] = float(value)
     return values
 
 
-def per_forward(before, after):
-    """Mean rows and requests per forward between two `batch_counters` readings."""
+def per_forward(before, after, wall):
+    """Mean rows and requests per forward, ms per step, and the share of `wall` seconds spent in steps, between
+    two `batch_counters` readings."""
     if not before or not after:
         return None
     forwards = after.get("specee_batch_rows_count", 0) - before.get("specee_batch_rows_count", 0)
@@ -176,7 +178,8 @@ def per_forward(before, after):
         return None
     rows = after.get("specee_batch_rows_sum", 0) - before.get("specee_batch_rows_sum", 0)
     seqs = after.get("specee_batch_sequences_sum", 0) - before.get("specee_batch_sequences_sum", 0)
-    return rows / forwards, seqs / forwards
+    busy = after.get("specee_batch_step_seconds_sum", 0) - before.get("specee_batch_step_seconds_sum", 0)
+    return rows / forwards, seqs / forwards, busy / forwards * 1000, busy / wall
 
 
 def pct(xs, q):
@@ -211,7 +214,7 @@ def throughput(a, model, prompts):
                     n = a.requests or max(16, 4 * c)
                     before = batch_counters(server)
                     r = run_level(server, prompts, c, n, a.max_tokens)
-                    shape = per_forward(before, batch_counters(server))
+                    shape = per_forward(before, batch_counters(server), r["wall"])
                     prev = table.setdefault((name, c), {"runs": [], "ttft": [], "itl": [], "stalled": 0,
                                                         "shape": []})
                     if r["failed"]:
@@ -224,7 +227,8 @@ def throughput(a, model, prompts):
                     prev["itl"] += r["itl"]
                     if shape:
                         prev["shape"].append(shape)
-                    shown = f", {shape[0]:.1f} rows / {shape[1]:.1f} requests per forward" if shape else ""
+                    shown = (f", {shape[0]:.1f} rows / {shape[1]:.1f} requests per forward, {shape[2]:.1f} ms a step, "
+                             f"steps {100 * shape[3]:.0f}% of the wall time") if shape else ""
                     print(f"  {name} round {rnd + 1} C={c}: {r['requests']} requests, {r['tokens']} tokens in "
                           f"{r['wall']:.1f} s: {r['tok_s']:.1f} tok/s{shown}", file=sys.stderr)
             for c in levels_here:
@@ -234,8 +238,8 @@ def throughput(a, model, prompts):
             server.stop()
     print(f"\n{os.path.basename(model)}, {a.threads} thread(s), {a.max_tokens} tokens per request at most, greedy, "
           f"prompts {os.path.relpath(a.prompts, ROOT)}; tok/s: median of {a.rounds} rounds (min–max)\n")
-    head = "| clients | specee tok/s | ×1 client | TTFT p50 / p99 ms | ITL p50 / p99 ms | rows / requests a forward |"
-    sep = "| ---: | ---: | ---: | ---: | ---: | ---: |"
+    head = "| clients | specee tok/s | ×1 client | TTFT p50 / p99 ms | ITL p50 / p99 ms | rows / requests a forward | ms a step (% of wall) |"
+    sep = "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     if a.llama_server:
         head += " llama-server tok/s | ×1 client | ITL p50 / p99 ms | specee / llama-server |"
         sep += " ---: | ---: | ---: | ---: |"
@@ -246,8 +250,8 @@ def throughput(a, model, prompts):
         s1 = table[("specee", levels[0])]["tok_s"]
         spread = lambda t: (f"{t['tok_s']:.1f} ({min(t['runs']):.0f}–{max(t['runs']):.0f})" if t["runs"] else "—") + \
             (f" [{t['stalled']} round(s) stalled]" if t["stalled"] else "")
-        shape = (f"{statistics.mean(x[0] for x in s['shape']):.1f} / {statistics.mean(x[1] for x in s['shape']):.1f}"
-                 if s["shape"] else "—")
+        mean = lambda k: statistics.mean(x[k] for x in s["shape"])
+        shape = (f"{mean(0):.1f} / {mean(1):.1f} | {mean(2):.1f} ({100 * mean(3):.0f}%)" if s["shape"] else "— | —")
         row = (f"| {c} | {spread(s)} | {s['tok_s'] / s1:.2f}× | {pct(s['ttft'], .5):.0f} / {pct(s['ttft'], .99):.0f} "
                f"| {pct(s['itl'], .5):.1f} / {pct(s['itl'], .99):.1f} | {shape} |")
         if a.llama_server and ("llama-server", c) not in table:

@@ -358,9 +358,11 @@ impl Batcher {
 
             // One forward: the next rows of every request, draft trees included.
             let alone = active.len() == 1 && waiting.is_empty();
+            let started = Instant::now();
             let step = catch_unwind(AssertUnwindSafe(|| {
                 self.step(&mut active, alone, &mut ws, &mut hidden, &mut normed, &mut logits)
             }));
+            metrics.observe(Observe::BatchStep, started.elapsed().as_secs_f64());
             if let Err(error) = step.map_err(panic_error).and_then(|r| r) {
                 // The forward failed: every request in it is answered with the error.
                 for a in active.iter_mut() {

@@ -13,6 +13,7 @@
 //! | `specee_queue_wait_seconds`, `specee_time_to_first_token_seconds` | histogram | |
 //! | `specee_inter_token_latency_seconds` | histogram | (batching scheduler only) |
 //! | `specee_batch_rows`, `specee_batch_sequences` | histogram | rows / requests per forward (batching only) |
+//! | `specee_batch_step_seconds` | histogram | seconds of one batched step: forward and heads (batching only) |
 //! | `specee_kv_budget_tokens`, `specee_kv_reserved_tokens` | gauge | the KV pool (batching only) |
 //! | `specee_prefix_cache_tokens`, `specee_prefix_cache_hit_tokens_total`, `specee_prefix_cache_lookups_total` | gauge, counter, counter | |
 //!
@@ -99,6 +100,9 @@ pub enum Observe {
     BatchRows,
     /// Requests in one batched forward.
     BatchSequences,
+    /// Seconds of one batched step: drafting, the forward, the heads and handing out the tokens (admission and
+    /// intake not counted).
+    BatchStep,
 }
 
 /// How a generation ended, for `specee_generations_total`.
@@ -141,6 +145,7 @@ struct Counters {
     inter_token: Histogram,
     batch_rows: Histogram,
     batch_sequences: Histogram,
+    batch_step: Histogram,
     prefix_hit_tokens: u64,
     prefix_lookups: u64,
 }
@@ -153,6 +158,7 @@ impl Counters {
             Observe::InterToken => &mut self.inter_token,
             Observe::BatchRows => &mut self.batch_rows,
             Observe::BatchSequences => &mut self.batch_sequences,
+            Observe::BatchStep => &mut self.batch_step,
         }
     }
 }
@@ -185,6 +191,7 @@ impl Metrics {
             inter_token: Histogram::new(&SECONDS_BUCKETS),
             batch_rows: Histogram::new(&ROWS_BUCKETS),
             batch_sequences: Histogram::new(&SEQUENCES_BUCKETS),
+            batch_step: Histogram::new(&SECONDS_BUCKETS),
             prefix_hit_tokens: 0,
             prefix_lookups: 0,
         };
@@ -359,6 +366,11 @@ impl Metrics {
         );
         c.batch_rows.render("specee_batch_rows", "Rows (tokens) per batched forward.", &mut out);
         c.batch_sequences.render("specee_batch_sequences", "Requests per batched forward.", &mut out);
+        c.batch_step.render(
+            "specee_batch_step_seconds",
+            "Seconds of one batched step: drafting, the forward and the heads.",
+            &mut out,
+        );
         let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
             out.push_str(&header(name, "gauge", help));
             out.push_str(&format!("{name} {v}\n"));
@@ -424,6 +436,7 @@ mod tests {
         m.observe(Observe::FirstToken, 0.03);
         m.observe(Observe::FirstToken, 0.2);
         m.observe(Observe::BatchRows, 3.0);
+        m.observe(Observe::BatchStep, 0.02);
         m.record_prefix_lookup(32);
         m.record_prefix_lookup(0);
         let h = m.histogram(Observe::FirstToken);
@@ -437,6 +450,8 @@ mod tests {
             "specee_time_to_first_token_seconds_count 2",
             "specee_batch_rows_bucket{le=\"2\"} 0",
             "specee_batch_rows_bucket{le=\"4\"} 1",
+            "specee_batch_step_seconds_bucket{le=\"0.01\"} 0",
+            "specee_batch_step_seconds_bucket{le=\"0.025\"} 1",
             "specee_prefix_cache_hit_tokens_total 32",
             "specee_prefix_cache_lookups_total 2",
             "specee_kv_reserved_tokens 0",
