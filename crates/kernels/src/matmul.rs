@@ -125,8 +125,8 @@ impl<'a> QMatrix<'a> {
 #[derive(Default)]
 pub struct MatmulScratch {
     pub(crate) acts: ActBuffers,
-    /// The head screen's approximate logits ([`crate::HeadScreen`]).
-    pub(crate) screen: Vec<f32>,
+    /// The head screen's per-share survivor filters ([`crate::HeadScreen`]).
+    pub(crate) screen: Vec<crate::screen::ShareFilter>,
     /// The head screen's surviving rows of one token and their exact logits.
     pub(crate) survivors: Vec<u32>,
     pub(crate) survivor_logits: Vec<f32>,
@@ -134,7 +134,7 @@ pub struct MatmulScratch {
 
 /// A raw output pointer shared by the threads of one product, each writing disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(*mut f32);
 // SAFETY: used only inside `matmul`/`matmul_rows`, where every thread writes a disjoint set of indices
 // of a slice that outlives the parallel region.
 unsafe impl Send for OutPtr {}
@@ -201,34 +201,70 @@ pub(crate) fn product(
     out: &mut [f32],
     scratch: &mut MatmulScratch,
 ) {
-    let (rows, rb) = (w.rows, w.row_bytes);
     scratch.acts.reserve(kind, n_tokens, cols);
     scratch.acts.quantize_tokens_parallel(pool, kind, x, cols, n_tokens);
     let acts = scratch.acts.view(kind, x, cols);
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    let work = |row_range: std::ops::Range<usize>| {
-        // SAFETY: `out` holds n_tokens * rows elements (checked by the callers); ranges are disjoint.
-        unsafe { rows_work(kernel, w, cols, &acts, n_tokens, row_range, out_ptr) }
+    // SAFETY of the writes: `out` holds n_tokens * rows elements (checked by the callers); ranges are disjoint.
+    product_quantized(pool, kernel, w, &acts, n_tokens, Out::Slice(OutPtr(out.as_mut_ptr())));
+}
+
+/// A tile of a product's results handed to [`Out::Sink`]: `sink(share, t0, r0, nr, buf)` gets the results of
+/// weight rows `r0..r0 + nr` for activation rows `t0..t0 + nt`, token-major (`buf[j * nr + i]` is row `r0 + i` of
+/// activation row `t0 + j`; `nt = buf.len() / nr`; `nr` is [`ROW_CHUNK`] but for a last piece). `share` is the
+/// calling thread's share of [`ThreadPool::run_shares`] (0 on one thread): no two calls with the same share run
+/// at once, so per-share state needs no lock.
+pub(crate) type Sink<'a> = &'a (dyn Fn(usize, usize, usize, usize, &[f32]) + Sync);
+
+/// Where [`product_quantized`] puts its results.
+#[derive(Clone, Copy)]
+pub(crate) enum Out<'a> {
+    /// `out[t * w.rows + r]`, `n_tokens * w.rows` writable floats no one else touches during the product.
+    Slice(OutPtr),
+    /// Each tile to a function (group kernels only), nothing stored: the head screen filters its approximate
+    /// logits as they are made instead of writing and re-reading them.
+    Sink(Sink<'a>),
+}
+
+/// Most shares a product's [`Out::Sink`] sees (per-share state sized by it covers any pool).
+pub(crate) const SINK_SHARES: usize = crate::pool::MAX_SHARES;
+
+/// [`product`] of activations already quantized (`acts`, `n_tokens` rows), into `out`.
+pub(crate) fn product_quantized(
+    pool: &ThreadPool,
+    kernel: Kernel,
+    w: RawRows,
+    acts: &crate::quantize::Acts,
+    n_tokens: usize,
+    out: Out,
+) {
+    let (rows, rb, cols) = (w.rows, w.row_bytes, acts.cols);
+    let work = |share: usize, row_range: std::ops::Range<usize>| {
+        // SAFETY: `Out::Slice` holds n_tokens * rows elements (the callers' contract); ranges are disjoint.
+        unsafe { rows_work(kernel, w, cols, acts, n_tokens, row_range, out, share) }
     };
     let tiles = n_tokens.div_ceil(TILE);
     let n = pool.n_threads();
     if n == 1 || rows * rb * tiles < SERIAL_BYTES || rows < 2 {
-        work(0..rows);
+        work(0, 0..rows);
     } else {
         // A contiguous share of ROW_CHUNK pieces per thread, claimed half a share at a time and then helped
         // with: balanced even when a thread is slowed down or arrives late.
         let pieces = rows.div_ceil(ROW_CHUNK);
-        pool.run_shares(pieces, share_step(pieces, n), &|_, pieces| {
-            work(pieces.start * ROW_CHUNK..(pieces.end * ROW_CHUNK).min(rows))
+        pool.run_shares(pieces, share_step(pieces, n), &|share, pieces| {
+            work(share, pieces.start * ROW_CHUNK..(pieces.end * ROW_CHUNK).min(rows))
         });
     }
 }
 
 /// Rows `row_range` of `w` (`cols` elements each) times the `n_tokens` quantized activation rows, written
-/// to `out[t * w.rows + r]`.
+/// to `out` ([`Out`]) as the calling thread's share `share`.
 ///
 /// # Safety
-/// `out` must point at `n_tokens * w.rows` writable floats that no other thread writes at these rows.
+/// An [`Out::Slice`] must point at `n_tokens * w.rows` writable floats that no other thread writes at these rows.
+///
+/// # Panics
+/// On an [`Out::Sink`] with a row kernel (sinks take group kernels' token-major tiles).
+#[allow(clippy::too_many_arguments)]
 unsafe fn rows_work(
     kernel: Kernel,
     w: RawRows,
@@ -236,7 +272,8 @@ unsafe fn rows_work(
     acts: &crate::quantize::Acts,
     n_tokens: usize,
     row_range: std::ops::Range<usize>,
-    out_ptr: OutPtr,
+    out: Out,
+    share: usize,
 ) {
     let (rows, rb) = (w.rows, w.row_bytes);
     // With AMX: the tile kernel (up to 16 activation rows a call) for tiles of at least MIN_ROWS rows, the groups
@@ -267,6 +304,7 @@ unsafe fn rows_work(
             let buf = &mut tile[..nr * nt];
             match kernel {
                 Kernel::Rows(kernel) => {
+                    let Out::Slice(out_ptr) = out else { panic!("a product's sink needs a group kernel") };
                     kernel(wr, rb, acts, t0, nt, buf);
                     for j in 0..nt {
                         // SAFETY: rows r0..r1 < rows and t0 + j < n_tokens (caller's contract); buf holds
@@ -282,12 +320,17 @@ unsafe fn rows_work(
                 Kernel::Groups(kernel) => {
                     // Token-major tile: each token's nr results are contiguous, as in `out`.
                     kernel(wr, cols, acts, t0, nt, buf, nr);
-                    for j in 0..nt {
-                        // SAFETY: as above.
-                        unsafe {
-                            let dst = out_ptr.0.add((t0 + j) * rows + r0);
-                            std::ptr::copy_nonoverlapping(buf.as_ptr().add(j * nr), dst, nr);
+                    match out {
+                        Out::Slice(out_ptr) => {
+                            for j in 0..nt {
+                                // SAFETY: as above.
+                                unsafe {
+                                    let dst = out_ptr.0.add((t0 + j) * rows + r0);
+                                    std::ptr::copy_nonoverlapping(buf.as_ptr().add(j * nr), dst, nr);
+                                }
+                            }
                         }
+                        Out::Sink(sink) => sink(share, t0, r0, nr, buf),
                     }
                 }
                 #[cfg(target_arch = "x86_64")]
@@ -412,7 +455,7 @@ pub(crate) fn matmul_many_isa(
     if n == 1 || total_rows * first.row_bytes() * tiles < SERIAL_BYTES {
         for &(w, out_ptr) in ws.iter().flatten() {
             // SAFETY: each output was checked to hold n_tokens * w.rows elements.
-            unsafe { rows_work(kernel, w.raw(), cols, &acts, n_tokens, 0..w.rows, out_ptr) };
+            unsafe { rows_work(kernel, w.raw(), cols, &acts, n_tokens, 0..w.rows, Out::Slice(out_ptr), 0) };
         }
         then_all(mats);
         return;
@@ -426,8 +469,8 @@ pub(crate) fn matmul_many_isa(
                 // SAFETY: both outputs hold n_tokens * rows elements (checked above); pieces are disjoint, so
                 // the slices below are this thread's alone.
                 unsafe {
-                    rows_work(kernel, wa.raw(), cols, &acts, n_tokens, range.clone(), *a);
-                    rows_work(kernel, wb.raw(), cols, &acts, n_tokens, range.clone(), *b);
+                    rows_work(kernel, wa.raw(), cols, &acts, n_tokens, range.clone(), Out::Slice(*a), 0);
+                    rows_work(kernel, wb.raw(), cols, &acts, n_tokens, range.clone(), Out::Slice(*b), 0);
                     for t in 0..n_tokens {
                         let at = std::slice::from_raw_parts_mut(a.0.add(t * rows + range.start), range.len());
                         let bt = std::slice::from_raw_parts(b.0.add(t * rows + range.start), range.len());
@@ -447,7 +490,7 @@ pub(crate) fn matmul_many_isa(
                 if i < c {
                     let range = i * ROW_CHUNK..((i + 1) * ROW_CHUNK).min(w.rows);
                     // SAFETY: each output holds n_tokens * w.rows elements; pieces are disjoint.
-                    unsafe { rows_work(kernel, w.raw(), cols, &acts, n_tokens, range, out_ptr) };
+                    unsafe { rows_work(kernel, w.raw(), cols, &acts, n_tokens, range, Out::Slice(out_ptr), 0) };
                     break;
                 }
                 i -= c;

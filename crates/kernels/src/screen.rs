@@ -10,6 +10,17 @@
 //! models) get the exact Q8_0 product, with the same kernel as the full head, and the first maximum among
 //! them is the full head's argmax — the same token, ties included, not an approximation.
 //!
+//! The screened logits are never stored: the product hands each tile (16 rows × up to 16 activation rows) to a
+//! per-thread filter ([`ShareFilter`]) that keeps the rows whose upper bound reaches the best lower bound seen so
+//! far, a superset of the survivors that is cut to them once the product is done (the same rows, in row order,
+//! as a scan of stored logits: tested). Until session 61 a 16-row step wrote 16.8 MB of screened logits (Gemma),
+//! copied them out of the kernels' tiles and read them twice. Session 61, Gemma 3 270M, 2 threads, the stored
+//! scan's binary against the fused filter's, alternating: `batchbench MODEL 2 32 1,4,16` ms a 16-row step 39.6 /
+//! 28.4 / 23.6 / 33.2 → 24.5 / 26.5 / 21.7 / 29.9 (every pair faster, median −9%; the filter's AVX-512 tile test
+//! and the floor raised only where a tile has a row to keep brought its profile share from 4.6% to 2.8%, the
+//! stored scan and its copies had 5.8%); 1 and 4 rows within the VM's noise (1 row 9.0 / 8.7 / 9.6 / 9.5 →
+//! 8.3 / 9.2 / 6.4 / 8.4 ms).
+//!
 //! Why 6 bits (measured in session 16 by simulating symmetric b-bit copies of the real heads over the llama.cpp
 //! reference sequences, with the same Cauchy–Schwarz bound): survivors per token, mean (median), were SmolLM2
 //! 73 (15) at 6 bits, 5,043 (2,463) at 5 and 45,981 of 49,152 at 4; Gemma 67 (29), 2,428 (974) and 154,082 of
@@ -42,7 +53,7 @@
 
 use crate::blocks::{f16_to_f32, f32_to_f16, Q8_0_BYTES, QK};
 use crate::kernel::{row_kernel, GroupKernel, Isa, Kernel};
-use crate::matmul::{product, RawRows};
+use crate::matmul::{product_quantized, Out, RawRows, SINK_SHARES};
 use crate::pool::{split_range, ThreadPool};
 use crate::quantize::ActKind;
 use crate::{KernelError, Layout, MatmulScratch, QMatrix};
@@ -183,29 +194,40 @@ impl HeadScreen {
             return 0;
         }
         let exact = row_kernel(isa, GgmlType::Q8_0).expect("Q8_0 has a row kernel");
-        let padded = self.padded_rows();
-        let mut approx = std::mem::take(&mut scratch.screen);
-        if approx.len() < n_tokens * padded {
-            approx.resize(n_tokens * padded, 0.0);
-        }
-        self.screen_product(isa, pool, x, n_tokens, &mut approx, scratch);
+        scratch.acts.reserve(ActKind::Q8_0, n_tokens, cols);
+        scratch.acts.quantize_tokens_parallel(pool, ActKind::Q8_0, x, cols, n_tokens);
         let acts = scratch.acts.view(ActKind::Q8_0, x, cols);
-        let nb = cols / QK;
         let rb = w.row_bytes();
-        // One token's argmax and survivor count, its survivors' exact products split across the pool where there
-        // are many (inside a pool item, the pool runs that nested call on the calling thread).
+        let norms: Vec<f32> = (0..n_tokens).map(|t| quantized_norm(&acts, t)).collect();
+        // The screened logits are filtered tile by tile as the product makes them, never stored (see
+        // `ShareFilter`); each share keeps a superset of its rows' survivors.
+        let filters = &mut scratch.screen;
+        filters.resize_with(SINK_SHARES, ShareFilter::default);
+        filters.iter_mut().for_each(|f| f.reset(n_tokens));
+        let shares = FilterPtr(filters.as_mut_ptr());
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = isa == Isa::Avx512 && Isa::Avx512.available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512 = false;
+        if avx512 {
+            self.filtered_product::<true>(isa, pool, &acts, n_tokens, &norms, shares);
+        } else {
+            self.filtered_product::<false>(isa, pool, &acts, n_tokens, &norms, shares);
+        }
+        let bound = &self.bound[..];
+        let filters = &scratch.screen;
+        // One token's survivors (the rows whose upper bound reaches the best lower bound of all, in row order),
+        // their exact products split across the pool where there are many (inside a pool item, the pool runs that
+        // nested call on the calling thread), and its argmax and survivor count.
         let one = |t: usize, survivors: &mut Vec<u32>, values: &mut Vec<f32>| {
-            // ‖x̂‖ of the quantized activation row both products see.
-            let xq = &acts.qs[t * cols..(t + 1) * cols];
-            let norm2: f64 = acts.d[t * nb..(t + 1) * nb]
-                .iter()
-                .zip(xq.chunks_exact(QK))
-                .map(|(&d, q)| (d as f64).powi(2) * q.iter().map(|&v| (v as i32 * v as i32) as f64).sum::<f64>())
-                .sum();
-            let norm = (norm2.sqrt() * (1.0 + 1e-6)) as f32;
-            let a = &approx[t * padded..t * padded + rows];
+            let norm = norms[t];
+            let floor = filters.iter().fold(f32::NEG_INFINITY, |m, f| m.max(f.best_floor(t)));
+            // `!(high < floor)`: not below the floor, NaN included.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
+            let keep = |r: u32, a: f32| !(a + bound[r as usize] * norm < floor);
             survivors.clear();
-            collect_survivors(a, &self.bound, norm, survivors);
+            survivors.extend(filters.iter().flat_map(|f| &f.kept[t]).filter(|&&(r, a)| keep(r, a)).map(|&(r, _)| r));
+            survivors.sort_unstable();
             values.clear();
             values.resize(survivors.len(), 0.0);
             let work = |range: std::ops::Range<usize>, vals: SendPtr| {
@@ -234,9 +256,9 @@ impl HeadScreen {
                 (*out, total) = (best, total + n);
             }
         } else {
-            // Several rows (a draft tree, a server's batch): one token per pool item, so that the survivor scans
-            // (two passes over the row's screened logits, the memory-bound part) run on every thread, not on the
-            // calling one while the others wait. Each token's result is the same either way.
+            // Several rows (a draft tree, a server's batch): one token per pool item, so that their exact products
+            // run on every thread, not on the calling one while the others wait. Each token's result is the same
+            // either way.
             let found: Vec<std::sync::Mutex<(u32, usize)>> = (0..n_tokens).map(|_| Default::default()).collect();
             pool.run_items(n_tokens, &|t| {
                 let r = one(t, &mut Vec::new(), &mut Vec::new());
@@ -247,14 +269,40 @@ impl HeadScreen {
                 (*out, total) = (best, total + n);
             }
         }
-        scratch.screen = approx;
+        scratch.screen.iter_mut().for_each(ShareFilter::trim);
         scratch.survivors = survivors;
         scratch.survivor_logits = values;
         total
     }
 
+    /// The screen's product of the quantized activations `acts`, each tile filtered by its share's filter in
+    /// `shares` (see [`ShareFilter`]; `AVX512`: its AVX-512 test).
+    fn filtered_product<const AVX512: bool>(
+        &self,
+        isa: Isa,
+        pool: &ThreadPool,
+        acts: &crate::quantize::Acts,
+        n_tokens: usize,
+        norms: &[f32],
+        shares: FilterPtr,
+    ) {
+        let (bound, rows) = (&self.bound[..], self.rows);
+        let sink = |share: usize, t0: usize, r0: usize, nr: usize, buf: &[f32]| {
+            assert!(share < SINK_SHARES);
+            // SAFETY: `share` indexes the filters (checked), and no two calls of one share run at once (`Sink`).
+            let f = unsafe { shares.get(share) };
+            // Padded rows (a last group's zero rows) are not the head's.
+            let valid = nr.min(rows.saturating_sub(r0));
+            f.filter::<AVX512>(buf, t0, r0, nr, &bound[r0..r0 + valid], norms);
+        };
+        let raw =
+            RawRows { data: &self.data, rows: self.padded_rows(), row_bytes: self.cols / QK * BLOCK_BYTES / GROUP };
+        product_quantized(pool, screen_kernels(isa), raw, acts, n_tokens, Out::Sink(&sink));
+    }
+
     /// The screened logits of the `n_tokens` rows of `x` into `approx[t * padded_rows + r]` (quantizing `x` into
-    /// `scratch`'s Q8_0 activations, which the exact products then read).
+    /// `scratch`'s Q8_0 activations): what [`HeadScreen::argmax`] filters without storing, for the tests.
+    #[cfg(test)]
     fn screen_product(
         &self,
         isa: Isa,
@@ -266,7 +314,7 @@ impl HeadScreen {
     ) {
         let raw =
             RawRows { data: &self.data, rows: self.padded_rows(), row_bytes: self.cols / QK * BLOCK_BYTES / GROUP };
-        product(pool, screen_kernels(isa), ActKind::Q8_0, raw, x, self.cols, n_tokens, approx, scratch);
+        crate::matmul::product(pool, screen_kernels(isa), ActKind::Q8_0, raw, x, self.cols, n_tokens, approx, scratch);
     }
 }
 
@@ -292,14 +340,16 @@ fn screen_kernel(isa: Isa) -> GroupKernel {
     }
 }
 
-/// Lanes of [`collect_survivors`]' passes (the compiler vectorises them).
+/// Lanes of the survivor filters' passes (the compiler vectorises them).
 const SCAN_LANES: usize = 16;
 
-/// Appends to `out` every row `r` whose upper bound `a[r] + c[r]·norm` is not below the best lower bound
-/// `max_s a[s] − c[s]·norm`, in order; a NaN (non-finite weights) survives and is decided exactly. Both passes
+/// The survivors of one activation row's stored screened logits `a` (the reference the fused filter of
+/// [`HeadScreen::argmax`] is tested against): appends to `out` every row `r` whose upper bound `a[r] + c[r]·norm`
+/// is not below the best lower bound `max_s a[s] − c[s]·norm`, in order; a NaN (non-finite weights) survives and is decided exactly. Both passes
 /// run in [`SCAN_LANES`] lanes, so that they vectorise: a plain `f32::max` fold is a serial chain of ~4 cycles per
 /// row, ~65 µs per token over SmolLM2's 49,152 rows, all of it on one thread. The maximum is the same whatever
 /// the order (NaN lower bounds are skipped, as `f32::max` skips them).
+#[cfg(test)]
 fn collect_survivors(a: &[f32], c: &[f32], norm: f32, out: &mut Vec<u32>) {
     let n = a.len().min(c.len());
     let (a, c) = (&a[..n], &c[..n]);
@@ -346,6 +396,133 @@ struct SendPtr(*mut f32);
 // SAFETY: only used in `HeadScreen::argmax`, where each thread writes its own range of indices.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
+
+/// ‖x̂‖ of quantized (Q8_0) activation row `t`, as both products see it, rounded up.
+fn quantized_norm(acts: &crate::quantize::Acts, t: usize) -> f32 {
+    let (cols, nb) = (acts.cols, acts.nb);
+    let xq = &acts.qs[t * cols..(t + 1) * cols];
+    let norm2: f64 = acts.d[t * nb..(t + 1) * nb]
+        .iter()
+        .zip(xq.chunks_exact(QK))
+        .map(|(&d, q)| (d as f64).powi(2) * q.iter().map(|&v| (v as i32 * v as i32) as f64).sum::<f64>())
+        .sum();
+    (norm2.sqrt() * (1.0 + 1e-6)) as f32
+}
+
+/// One share's survivor filter while the screen's product runs ([`HeadScreen::argmax_isa`]). The product hands
+/// each tile of screened logits (16 rows × up to 16 activation rows) to its share's filter, which raises, per
+/// activation row, the greatest lower bound `a − c·‖x̂‖` it has seen (lane by lane, [`SCAN_LANES`] wide) and keeps
+/// the rows whose upper bound `a + c·‖x̂‖` is not below `floor`, a lower bound already reached (so every row kept
+/// in the end, whose upper bound reaches the best lower bound of all, is kept here: a superset, filtered once the
+/// product is done). `floor` is raised from the lanes only when a tile has a row to keep, so most tiles cost a
+/// few vector operations. Against writing the screened logits out and scanning them twice (session 60: the
+/// 16.8 MB of a 16-row step written, copied and read twice), nothing leaves the cache.
+#[derive(Default)]
+pub(crate) struct ShareFilter {
+    lanes: Vec<[f32; SCAN_LANES]>,
+    floor: Vec<f32>,
+    kept: Vec<Vec<(u32, f32)>>,
+}
+
+impl ShareFilter {
+    /// Ready for a product of `n_tokens` activation rows.
+    fn reset(&mut self, n_tokens: usize) {
+        self.lanes.clear();
+        self.lanes.resize(n_tokens, [f32::NEG_INFINITY; SCAN_LANES]);
+        self.floor.clear();
+        self.floor.resize(n_tokens, f32::NEG_INFINITY);
+        if self.kept.len() < n_tokens {
+            self.kept.resize_with(n_tokens, Vec::new);
+        }
+        self.kept.iter_mut().for_each(Vec::clear);
+    }
+
+    /// Filters the tile `buf` (activation rows `t0..`, `nr` weight rows from `r0`, token-major; bounds `c` of the
+    /// `c.len() ≤ nr` rows that are the head's, `norms[t] = ‖x̂_t‖`); `AVX512`: whole tiles with the AVX-512 filter
+    /// (only where the CPU has it).
+    #[inline]
+    fn filter<const AVX512: bool>(&mut self, buf: &[f32], t0: usize, r0: usize, nr: usize, c: &[f32], norms: &[f32]) {
+        let nt = buf.len() / nr;
+        #[cfg(target_arch = "x86_64")]
+        if AVX512 && nr == SCAN_LANES && c.len() == SCAN_LANES {
+            let mut masks = [0u16; crate::kernel::amx::ROWS];
+            let c16: &[f32; SCAN_LANES] = c.try_into().expect("16 bounds");
+            let (lanes, floors) = (&mut self.lanes[t0..t0 + nt], &mut self.floor[t0..t0 + nt]);
+            // SAFETY: `AVX512` only where the CPU has avx512f (`HeadScreen::argmax_isa`); the slices hold `nt`
+            // rows (a tile has at most `amx::ROWS`).
+            if unsafe { crate::kernel::avx512::screen_filter_tile(buf, c16, &norms[t0..], lanes, floors, &mut masks) } {
+                for (j, &m) in masks[..nt].iter().enumerate().filter(|(_, &m)| m != 0) {
+                    let a = &buf[j * nr..(j + 1) * nr];
+                    let rows = (0..SCAN_LANES).filter(|&i| m >> i & 1 == 1);
+                    self.kept[t0 + j].extend(rows.map(|i| ((r0 + i) as u32, a[i])));
+                }
+            }
+            return;
+        }
+        for (j, a) in buf.chunks_exact(nr).enumerate() {
+            self.filter_row(t0 + j, &a[..c.len()], c, norms[t0 + j], r0);
+        }
+    }
+
+    /// The portable filter of activation row `t`'s screened logits `a` of rows `r0..` (bounds `c`, `‖x̂‖ = norm`).
+    #[inline]
+    fn filter_row(&mut self, t: usize, a: &[f32], c: &[f32], norm: f32, r0: usize) {
+        let lanes = &mut self.lanes[t];
+        if let (Ok(a), Ok(c)) = (<&[f32; SCAN_LANES]>::try_from(a), <&[f32; SCAN_LANES]>::try_from(c)) {
+            // A whole tile: lane-wise maxima and the test against the floor, both vectorised.
+            let floor = self.floor[t];
+            let mut any = false;
+            for l in 0..SCAN_LANES {
+                let low = a[l] - c[l] * norm;
+                lanes[l] = if low > lanes[l] { low } else { lanes[l] };
+                #[allow(clippy::neg_cmp_op_on_partial_ord)]
+                let keep = !(a[l] + c[l] * norm < floor);
+                any |= keep;
+            }
+            if !any {
+                return;
+            }
+        }
+        for (i, (&a, &c)) in a.iter().zip(c).enumerate() {
+            let low = a - c * norm;
+            let l = &mut lanes[i % SCAN_LANES];
+            *l = if low > *l { low } else { *l };
+        }
+        let floor = lanes.iter().fold(self.floor[t], |m, &l| if l > m { l } else { m });
+        self.floor[t] = floor;
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        let kept = a.iter().zip(c).enumerate().filter(|(_, (&a, &c))| !(a + c * norm < floor));
+        self.kept[t].extend(kept.map(|(i, (&a, _))| ((r0 + i) as u32, a)));
+    }
+
+    /// The greatest lower bound this share saw for activation row `t` (−∞ if none; NaN never counts).
+    fn best_floor(&self, t: usize) -> f32 {
+        self.lanes[t].iter().fold(self.floor[t], |m, &l| m.max(l))
+    }
+
+    /// Gives back what a degenerate product (every row kept) left in the lists.
+    fn trim(&mut self) {
+        for k in &mut self.kept {
+            k.shrink_to(1 << 12);
+        }
+    }
+}
+
+/// The share filters of one product, reached from its threads (each share by one thread at a time).
+#[derive(Clone, Copy)]
+struct FilterPtr(*mut ShareFilter);
+// SAFETY: only used in `HeadScreen::argmax_isa`, where each share's filter is used by one thread at a time.
+unsafe impl Send for FilterPtr {}
+unsafe impl Sync for FilterPtr {}
+
+impl FilterPtr {
+    /// # Safety
+    /// `share` must index the filters, and no other thread may use that share's filter meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, share: usize) -> &mut ShareFilter {
+        &mut *self.0.add(share)
+    }
+}
 
 /// Quantizes one Q8_0 row into row `r` of a screen group (`dst`, the group's blocks) and returns its bound:
 /// `‖w − ŵ‖` plus `margin` times the magnitudes both products sum (`‖w‖ + ‖ŵ‖`, and `32·‖d‖` for the `+ 32`
@@ -511,6 +688,52 @@ mod tests {
                     let mut one = [u32::MAX];
                     screen.argmax_isa(isa, &pool, &w, &x[t * cols..(t + 1) * cols], 1, &mut one, &mut scratch);
                     assert_eq!(one[0], want[t], "{isa:?}, {threads} threads, token {t} alone");
+                }
+            }
+        }
+    }
+
+    /// The filter fused into the screen's product keeps exactly the rows the two-pass scan of the stored screened
+    /// logits keeps (the same count, so the same survivors: the fused ones are a subset of the scan's by
+    /// construction), for 1 to 40 activation rows (tiles of VNNI and, with AMX, of the tile kernel), one and three
+    /// threads, a padded last group, rows of near-equal logits, a row without a bound and an all-zero activation.
+    #[test]
+    fn fused_filter_keeps_the_two_pass_scans_survivors() {
+        let (rows, cols) = (1000, 128);
+        let mut next = rng(21);
+        let base: Vec<f32> = (0..cols).map(|_| next()).collect();
+        let f: Vec<f32> = (0..rows * cols).map(|i| base[i % cols] + 0.5 * next()).collect();
+        let mut bytes = quantize_q8_0_weights(&f);
+        let rb = cols / QK * Q8_0_BYTES;
+        bytes[77 * rb..77 * rb + 2].copy_from_slice(&0x7c00u16.to_le_bytes()); // row 77: +inf scale, no bound
+        let w = QMatrix::new(GgmlType::Q8_0, &bytes, rows, cols).unwrap();
+        let screen = HeadScreen::new(&w, 2).unwrap();
+        assert_eq!(screen.bound[77], f32::INFINITY);
+        let n_max = 40;
+        let mut x: Vec<f32> = (0..n_max * cols).map(|i| base[i % cols] * (1.0 + (i / cols) as f32) + next()).collect();
+        x[3 * cols..4 * cols].fill(0.0);
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|isa| isa.available()) {
+            for threads in [1, 3] {
+                let pool = ThreadPool::new(threads);
+                let mut scratch = MatmulScratch::default();
+                for n in [1, 2, 5, 9, 10, 16, 19, 33, 40] {
+                    let x = &x[..n * cols];
+                    let padded = screen.padded_rows();
+                    let mut approx = vec![0.0f32; n * padded];
+                    screen.screen_product(isa, &pool, x, n, &mut approx, &mut scratch);
+                    let acts = scratch.acts.view(ActKind::Q8_0, x, cols);
+                    let mut want = 0;
+                    for t in 0..n {
+                        let norm = quantized_norm(&acts, t);
+                        let mut kept = Vec::new();
+                        collect_survivors(&approx[t * padded..t * padded + rows], &screen.bound, norm, &mut kept);
+                        assert!(kept.contains(&77), "{isa:?}: the unbounded row always survives");
+                        want += kept.len();
+                    }
+                    let mut got = vec![0u32; n];
+                    let total = screen.argmax_isa(isa, &pool, &w, x, n, &mut got, &mut scratch);
+                    assert_eq!(total, want, "{isa:?}, {threads} threads, {n} rows: survivors");
+                    assert!(total < n * rows, "{isa:?}, {n} rows: the filter let everything through");
                 }
             }
         }

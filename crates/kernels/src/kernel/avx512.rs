@@ -895,3 +895,45 @@ pub(crate) fn screen6_kernel() -> super::GroupKernel {
         })
     }
 }
+
+/// The head screen's survivor filter on one tile of `nt = floors.len()` activation rows × 16 weight rows
+/// (`crate::screen::ShareFilter`): per activation row `j` (screened logits `buf[16j..16j + 16]`, bounds `c`,
+/// `norms[j]`), `lanes[j] = max(a − c·norm, lanes[j])` lane by lane (`vmaxps` keeps `lanes` where the lower
+/// bound is NaN, as the portable filter does); where some upper bound `a + c·norm` is not below `floors[j]` (NaN
+/// included), `floors[j]` is raised to the lanes' maximum and `masks[j]` gets the rows whose upper bound is not
+/// below it (0 elsewhere). Returns whether any mask is set. The same float operations as the portable filter.
+///
+/// # Safety
+/// The CPU must have avx512f; `buf` holds `16 · nt` values and `norms`, `lanes`, `masks` at least `nt` entries.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn screen_filter_tile(
+    buf: &[f32],
+    c: &[f32; 16],
+    norms: &[f32],
+    lanes: &mut [[f32; 16]],
+    floors: &mut [f32],
+    masks: &mut [u16],
+) -> bool {
+    let nt = floors.len();
+    assert!(buf.len() >= 16 * nt && norms.len() >= nt && lanes.len() >= nt && masks.len() >= nt);
+    let c = _mm512_loadu_ps(c.as_ptr());
+    let mut any = false;
+    for j in 0..nt {
+        let a = _mm512_loadu_ps(buf.as_ptr().add(16 * j));
+        let cn = _mm512_mul_ps(c, _mm512_set1_ps(*norms.get_unchecked(j)));
+        let lj = lanes.get_unchecked_mut(j).as_mut_ptr();
+        let l = _mm512_max_ps(_mm512_sub_ps(a, cn), _mm512_loadu_ps(lj));
+        _mm512_storeu_ps(lj, l);
+        let high = _mm512_add_ps(a, cn);
+        let floor = floors.get_unchecked_mut(j);
+        let mut m = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(high, _mm512_set1_ps(*floor));
+        if m != 0 {
+            let top = _mm512_reduce_max_ps(l);
+            *floor = if top > *floor { top } else { *floor };
+            m = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(high, _mm512_set1_ps(*floor));
+            any |= m != 0;
+        }
+        *masks.get_unchecked_mut(j) = m;
+    }
+    any
+}
