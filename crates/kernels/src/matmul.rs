@@ -218,7 +218,8 @@ pub(crate) type Sink<'a> = &'a (dyn Fn(usize, usize, usize, usize, &[f32]) + Syn
 /// Where [`product_quantized`] puts its results.
 #[derive(Clone, Copy)]
 pub(crate) enum Out<'a> {
-    /// `out[t * w.rows + r]`, `n_tokens * w.rows` writable floats no one else touches during the product.
+    /// `out[t * w.rows + r]`, `n_tokens * w.rows` writable floats no one else touches during the product (an
+    /// [`OutPtr`] is made only in this module, from such a slice).
     Slice(OutPtr),
     /// Each tile to a function (group kernels only), nothing stored: the head screen filters its approximate
     /// logits as they are made instead of writing and re-reading them.

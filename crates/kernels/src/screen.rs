@@ -340,6 +340,9 @@ fn screen_kernel(isa: Isa) -> GroupKernel {
     }
 }
 
+/// Most activation rows of a tile the AVX-512 filter takes at once (every kernel's tile has at most 16).
+const MAX_TILE_ROWS: usize = 16;
+
 /// Lanes of the survivor filters' passes (the compiler vectorises them).
 const SCAN_LANES: usize = 16;
 
@@ -444,12 +447,12 @@ impl ShareFilter {
     fn filter<const AVX512: bool>(&mut self, buf: &[f32], t0: usize, r0: usize, nr: usize, c: &[f32], norms: &[f32]) {
         let nt = buf.len() / nr;
         #[cfg(target_arch = "x86_64")]
-        if AVX512 && nr == SCAN_LANES && c.len() == SCAN_LANES {
-            let mut masks = [0u16; crate::kernel::amx::ROWS];
+        if AVX512 && nr == SCAN_LANES && c.len() == SCAN_LANES && nt <= MAX_TILE_ROWS {
+            let mut masks = [0u16; MAX_TILE_ROWS];
             let c16: &[f32; SCAN_LANES] = c.try_into().expect("16 bounds");
             let (lanes, floors) = (&mut self.lanes[t0..t0 + nt], &mut self.floor[t0..t0 + nt]);
             // SAFETY: `AVX512` only where the CPU has avx512f (`HeadScreen::argmax_isa`); the slices hold `nt`
-            // rows (a tile has at most `amx::ROWS`).
+            // rows (checked).
             if unsafe { crate::kernel::avx512::screen_filter_tile(buf, c16, &norms[t0..], lanes, floors, &mut masks) } {
                 for (j, &m) in masks[..nt].iter().enumerate().filter(|(_, &m)| m != 0) {
                     let a = &buf[j * nr..(j + 1) * nr];
