@@ -226,9 +226,6 @@ pub(crate) enum Out<'a> {
     Sink(Sink<'a>),
 }
 
-/// Most shares a product's [`Out::Sink`] sees (per-share state sized by it covers any pool).
-pub(crate) const SINK_SHARES: usize = crate::pool::MAX_SHARES;
-
 /// [`product`] of activations already quantized (`acts`, `n_tokens` rows), into `out`.
 pub(crate) fn product_quantized(
     pool: &ThreadPool,

@@ -53,7 +53,7 @@
 
 use crate::blocks::{f16_to_f32, f32_to_f16, Q8_0_BYTES, QK};
 use crate::kernel::{row_kernel, GroupKernel, Isa, Kernel};
-use crate::matmul::{product_quantized, Out, RawRows, SINK_SHARES};
+use crate::matmul::{product_quantized, Out, RawRows};
 use crate::pool::{split_range, ThreadPool};
 use crate::quantize::ActKind;
 use crate::{KernelError, Layout, MatmulScratch, QMatrix};
@@ -202,9 +202,10 @@ impl HeadScreen {
         // The screened logits are filtered tile by tile as the product makes them, never stored (see
         // `ShareFilter`); each share keeps a superset of its rows' survivors.
         let filters = &mut scratch.screen;
-        filters.resize_with(SINK_SHARES, ShareFilter::default);
+        // One filter per share the product can have (`ThreadPool::run_shares`: at most one per thread).
+        filters.resize_with(pool.n_threads().clamp(1, crate::pool::MAX_SHARES), ShareFilter::default);
         filters.iter_mut().for_each(|f| f.reset(n_tokens));
-        let shares = FilterPtr(filters.as_mut_ptr());
+        let shares = FilterPtr(filters.as_mut_ptr(), filters.len());
         #[cfg(target_arch = "x86_64")]
         let avx512 = isa == Isa::Avx512 && Isa::Avx512.available();
         #[cfg(not(target_arch = "x86_64"))]
@@ -288,7 +289,7 @@ impl HeadScreen {
     ) {
         let (bound, rows) = (&self.bound[..], self.rows);
         let sink = |share: usize, t0: usize, r0: usize, nr: usize, buf: &[f32]| {
-            assert!(share < SINK_SHARES);
+            assert!(share < shares.1, "a share beyond the pool's threads");
             // SAFETY: `share` indexes the filters (checked), and no two calls of one share run at once (`Sink`).
             let f = unsafe { shares.get(share) };
             // Padded rows (a last group's zero rows) are not the head's.
@@ -348,10 +349,10 @@ const SCAN_LANES: usize = 16;
 
 /// The survivors of one activation row's stored screened logits `a` (the reference the fused filter of
 /// [`HeadScreen::argmax`] is tested against): appends to `out` every row `r` whose upper bound `a[r] + c[r]·norm`
-/// is not below the best lower bound `max_s a[s] − c[s]·norm`, in order; a NaN (non-finite weights) survives and is decided exactly. Both passes
-/// run in [`SCAN_LANES`] lanes, so that they vectorise: a plain `f32::max` fold is a serial chain of ~4 cycles per
-/// row, ~65 µs per token over SmolLM2's 49,152 rows, all of it on one thread. The maximum is the same whatever
-/// the order (NaN lower bounds are skipped, as `f32::max` skips them).
+/// is not below the best lower bound `max_s a[s] − c[s]·norm`, in order; a NaN (non-finite weights) survives and
+/// is decided exactly. Both passes run in [`SCAN_LANES`] lanes, so that they vectorise: a plain `f32::max` fold is
+/// a serial chain of ~4 cycles per row, ~65 µs per token over SmolLM2's 49,152 rows. The maximum is the same
+/// whatever the order (NaN lower bounds are skipped, as `f32::max` skips them).
 #[cfg(test)]
 fn collect_survivors(a: &[f32], c: &[f32], norm: f32, out: &mut Vec<u32>) {
     let n = a.len().min(c.len());
@@ -511,9 +512,9 @@ impl ShareFilter {
     }
 }
 
-/// The share filters of one product, reached from its threads (each share by one thread at a time).
+/// The share filters of one product (pointer, count), reached from its threads (each share by one thread at a time).
 #[derive(Clone, Copy)]
-struct FilterPtr(*mut ShareFilter);
+struct FilterPtr(*mut ShareFilter, usize);
 // SAFETY: only used in `HeadScreen::argmax_isa`, where each share's filter is used by one thread at a time.
 unsafe impl Send for FilterPtr {}
 unsafe impl Sync for FilterPtr {}
