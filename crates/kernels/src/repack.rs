@@ -14,23 +14,30 @@
 //! 109 µs for eight; SmolLM2 prefill 1.6×, decode 1.2× (medians of 3 paired `specee bench -p 128 -n 128` runs with
 //! and without `SPECEE_REPACK=0`).
 //!
-//! Q5_0 → interleaved by 8 rows as it is, where the CPU has AVX-512 VNNI ([`interleave_pays`]; elsewhere the Q8_0
-//! conversion above): the nibbles as Q4_0's, the fifth bits rearranged into one 32-bit mask per nibble register and
-//! half ([`Q5_0_X8_BYTES`]), which the kernel adds in with one masked byte add (16 where the bit is set). It reads
-//! the file's 5.5 bits per weight instead of the conversion's 8.5, and decoding is bandwidth-bound. Session 57, the
+//! Q5_0 → interleaved by 8 rows as it is, where the CPU has AVX2 or AVX-512 VNNI ([`interleave_pays`]; on the
+//! scalar kernels the Q8_0 conversion above): the nibbles as Q4_0's, the fifth bits rearranged into one 32-bit mask
+//! per nibble register and half ([`Q5_0_X8_BYTES`]), which the AVX-512 kernel adds in with one masked byte add (16
+//! where the bit is set) and the AVX2 one spreads into bytes (`vpshufb`, and, compare) and or's in. It reads the
+//! file's 5.5 bits per weight instead of the conversion's 8.5, and decoding is bandwidth-bound. Session 57, the
 //! 2-vCPU Emerald Rapids VM, `specee bench -p 128 -n 128 -r 3 -t 2` alternating with `SPECEE_Q5_X8=0`: Qwen2.5-Coder
 //! 0.5B (24 layers of Q5_0 gate/up/q/k/o) decode 74.2 / 75.5 vs 52.7 / 44.9 tok/s, prefill 411 / 421 vs 319 / 284;
 //! Gemma 3 270M decode 107.7 / 98.7 vs 96.2 / 91.3, prefill 704 / 684 vs 737 / 728 (its multi-row products pay
-//! for the masks).
+//! for the masks). Session 62, a 2-vCPU AMD EPYC Zen 3 (AVX2, no AVX-512), alternating with `SPECEE_Q5_X8=0` (the
+//! conversion): `kbench 2 Q5_0` (2048 × 640, weights in cache) one activation row 31.8 vs 48.9 µs for the
+//! converted Q8_0 rows, 16 rows 265 vs 332 µs; Qwen2.5-Coder `specee bench -p 128 -n 128 -r 3 -t 2` decode
+//! 47.4 / 46.7 vs 40.7 / 36.9 tok/s, prefill 178 / 207 vs 142 / 126; one thread decode 29.0 vs 21.8.
 //!
-//! Q6_K → interleaved by 8 rows where the CPU has AVX-512 VNNI ([`interleave_pays`]; elsewhere the rows as they
-//! are): per sub-block of 16 values two nibble registers and one of high bit pairs ([`Q6_K_X8_QS`]), the file's
+//! Q6_K → interleaved by 8 rows where the CPU has AVX2 or AVX-512 VNNI ([`interleave_pays`]; on the scalar
+//! kernels the rows as they are): per sub-block of 16 values two nibble registers and one of high bit pairs ([`Q6_K_X8_QS`]), the file's
 //! size; the kernel decodes a sub-block of 16 rows into four registers and `vpdpbusd`s each activation row into
 //! them, where the row kernel unpacks one row at a time. Q4_K_M files keep half their `ffn_down` in Q6_K (Qwen2.5-
 //! Coder 12 of 24 layers, Gemma 3 9 of 18). Session 58, `kbench 2 Q6_K` (weights in cache), alternating with
 //! `SPECEE_Q6_X8=0`: Qwen's 896 × 4864 one activation row 55 vs 89 µs, eight 171 vs 326 µs; `kprof` 5-row Qwen
 //! forward 12.4–13.5 vs 13.6–15.9 ms (median of each of 3 alternating runs), Qwen prefill (`specee bench -p 128`)
 //! median 465 vs 436 tok/s over 3 alternating rounds, decode unchanged (the VM's ±25% swings hide smaller changes).
+//! The AVX2 kernel (session 62, 2-vCPU Zen 3, alternating with `SPECEE_Q6_X8=0`): `kbench 2 Q6_K` Qwen's 896 × 4864
+//! one row 83–85 vs 165–196 µs, 16 rows 0.71–0.80 vs 0.98–1.14 ms; Qwen `specee bench -p 128 -n 128 -r 5 -t 1`
+//! decode 32.6 vs 29.5 tok/s.
 //!
 //! Q8_0 → interleaved by 8 rows too, where the CPU has AVX-512 VNNI ([`interleave_pays`]; 32 bytes per 8 rows and
 //! block larger: each row's `-128 · Σq`, the offset of the VNNI kernel's unsigned activations). Measured on a
@@ -79,9 +86,10 @@ pub fn x8_block_bytes(ty: GgmlType) -> Option<usize> {
     }
 }
 
-/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q8_0, Q5_0 and
-/// Q6_K only where the CPU has the AVX-512 VNNI kernels for them (elsewhere their interleaved products would take
-/// the scalar path; Q5_0 is then converted to Q8_0 by [`q5_0_to_q8_0`] instead, Q6_K keeps its rows).
+/// Whether interleaving a matrix of type `ty` pays on this machine: Q4_0, Q4_1 and Q4_K always; Q5_0 and Q6_K
+/// where the CPU has the AVX2 or AVX-512 VNNI kernels for them, Q8_0 only with AVX-512 VNNI (elsewhere their
+/// interleaved products would take the scalar path; Q5_0 is then converted to Q8_0 by [`q5_0_to_q8_0`] instead,
+/// Q6_K keeps its rows).
 /// `SPECEE_Q5_X8=0` converts Q5_0 to Q8_0 there too, `SPECEE_Q6_X8=0` keeps Q6_K's rows (to measure the
 /// difference).
 pub fn interleave_pays(ty: GgmlType) -> bool {
@@ -91,11 +99,12 @@ pub fn interleave_pays(ty: GgmlType) -> bool {
     let on = |cell: &std::sync::OnceLock<bool>, var: &str| {
         *cell.get_or_init(|| std::env::var(var).map_or(true, |v| v != "0"))
     };
-    let avx512 = crate::kernel::Isa::current() == crate::kernel::Isa::Avx512;
+    let isa = crate::kernel::Isa::current();
+    let avx512 = isa == crate::kernel::Isa::Avx512;
     match ty {
         GgmlType::Q8_0 => avx512,
-        GgmlType::Q5_0 => avx512 && on(&Q5_X8, "SPECEE_Q5_X8"),
-        GgmlType::Q6_K => avx512 && on(&Q6_X8, "SPECEE_Q6_X8"),
+        GgmlType::Q5_0 => (avx512 || isa == crate::kernel::Isa::Avx2) && on(&Q5_X8, "SPECEE_Q5_X8"),
+        GgmlType::Q6_K => (avx512 || isa == crate::kernel::Isa::Avx2) && on(&Q6_X8, "SPECEE_Q6_X8"),
         _ => interleavable(ty),
     }
 }

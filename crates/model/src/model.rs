@@ -148,7 +148,7 @@ impl Model {
         let config = arch::config_from_gguf(&file)?;
         let mut weights = arch::load_weights(&file, &config)?;
         // Layer matrices in a type or layout with slow kernels become an exactly equal faster one (Q4_1, Q5_0 →
-        // 8 interleaved rows; Q5_0 → Q8_0 without AVX-512 VNNI); `SPECEE_REPACK=0` keeps the file's (to measure the
+        // 8 interleaved rows; Q5_0 → Q8_0 on the scalar kernels); `SPECEE_REPACK=0` keeps the file's (to measure the
         // difference).
         // The embeddings and the head stay as stored (single rows are read from them).
         if std::env::var("SPECEE_REPACK").map_or(true, |v| v != "0") {

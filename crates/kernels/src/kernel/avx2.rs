@@ -9,6 +9,11 @@
 //! K-quants (Q4_K, Q5_K, Q6_K): 32 unsigned values per register, `vpmaddubsw` then `vpmaddwd` with the
 //! 16-bit sub-block scales accumulate a super-block in i32, scaled once in f32.
 //! F32/F16/BF16 weights are widened to f32 and FMA'd. Q2_K/Q3_K use the scalar kernels.
+//!
+//! Matrices interleaved by 8 rows ([`crate::repack::interleave8`]: Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) have group
+//! kernels: one 256-bit register holds 4 values of each of the 8 rows, so a block's 8 row sums come out in the 8
+//! lanes with no horizontal sums, and the unpacking (nibbles, Q5_0's fifth bits, Q6_K's high bit pairs) is done
+//! once for up to 4 activation rows.
 
 use super::{prefetch_ahead, tile, RowKernel};
 use crate::blocks::k4_scales_mins;
@@ -722,16 +727,16 @@ unsafe fn float<const K: u8, const N: usize>(w: &[u8], rb: usize, a: &Acts, t0: 
     }
 }
 
-/// The interleaved Q4_0 (`MIN = false`) or Q4_1 kernel ([`crate::repack::interleave8`]). Only called after
-/// `Isa::Avx2.available()`.
-pub(crate) fn q4_x8_kernel<const MIN: bool>() -> super::GroupKernel {
+/// The interleaved Q4_0 (`MIN = false`), Q4_1 or Q5_0 (`FIVE`) kernel ([`crate::repack::interleave8`]). Only
+/// called after `Isa::Avx2.available()`.
+pub(crate) fn q4_x8_kernel<const MIN: bool, const FIVE: bool>() -> super::GroupKernel {
     // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q4_x8` checks the shapes it reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN>(w, cols, a, t0, nt, o, stride) }
+    |w, cols, a, t0, nt, o, stride| unsafe { q4_x8::<MIN, FIVE>(w, cols, a, t0, nt, o, stride) }
 }
 
-/// Q4_0/Q4_1 weights interleaved by 8 rows × `nt` activation rows.
+/// Q4_0/Q4_1 (or Q5_0 when `FIVE`) weights interleaved by 8 rows × `nt` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_x8<const MIN: bool>(
+unsafe fn q4_x8<const MIN: bool, const FIVE: bool>(
     w: &[u8],
     cols: usize,
     a: &Acts,
@@ -743,11 +748,12 @@ unsafe fn q4_x8<const MIN: bool>(
     let nb = cols / 32;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
-    for_groups(w, nb * crate::repack::x8_legacy_bytes(MIN), nt, 4, out, stride, |grp, j, n, o| match n {
-        1 => q4_x8_tokens::<MIN, 1>(grp, a, t0 + j, o, stride),
-        2 => q4_x8_tokens::<MIN, 2>(grp, a, t0 + j, o, stride),
-        3 => q4_x8_tokens::<MIN, 3>(grp, a, t0 + j, o, stride),
-        _ => q4_x8_tokens::<MIN, 4>(grp, a, t0 + j, o, stride),
+    let group_bytes = nb * crate::repack::x8_nibble_layout(MIN, FIVE).0;
+    for_groups(w, group_bytes, nt, 4, out, stride, |grp, j, n, o| match n {
+        1 => q4_x8_tokens::<MIN, FIVE, 1>(grp, a, t0 + j, o, stride),
+        2 => q4_x8_tokens::<MIN, FIVE, 2>(grp, a, t0 + j, o, stride),
+        3 => q4_x8_tokens::<MIN, FIVE, 3>(grp, a, t0 + j, o, stride),
+        _ => q4_x8_tokens::<MIN, FIVE, 4>(grp, a, t0 + j, o, stride),
     });
 }
 
@@ -779,15 +785,17 @@ pub(super) unsafe fn for_groups(
     }
 }
 
-/// One group of 8 interleaved Q4_0/Q4_1 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+/// One group of 8 interleaved Q4_0/Q4_1/Q5_0 rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
 ///
-/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 8 rows): the nibbles are unpacked once and
-/// `vpmaddubsw`'d with the activation row's 4 values broadcast to every lane; the 8 products of a block add up
-/// in i16 (at most 8·2·15·127 < 2^15), one `vpmaddwd` gives the 8 rows' block sums, and two FMAs add
-/// `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0) and `s_x = d_x·Σx`.
+/// Per block and register `i` (values `4i..4i+4` and `16+4i..` of the 8 rows): the nibbles are unpacked once (for
+/// Q5_0 with the fifth bits of [`fifth_bits`] or'ed in as 16) and `vpmaddubsw`'d with the activation row's 4
+/// values broadcast to every lane; the products add up in i16 (Q4: all 8 of a block, at most 8·2·15·127 < 2^15;
+/// Q5_0: two registers' worth, at most 4·2·31·127 < 2^15), `vpmaddwd` gives the 8 rows' block sums, and two FMAs
+/// add `d_w·d_x·sum + c_w·s_x` with `c_w = m_w` (Q4_1), `-8·d_w` (Q4_0) or `-16·d_w` (Q5_0) and `s_x = d_x·Σx`.
+/// The integer sums are exact, so a row's result does not depend on the other activation rows of the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
+unsafe fn q4_x8_tokens<const MIN: bool, const FIVE: bool, const G: usize>(
     grp: *const u8,
     a: &Acts,
     t: usize,
@@ -795,7 +803,7 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
     stride: usize,
 ) {
     let (nb, cols) = (a.nb, a.cols);
-    let (xb, regs) = (crate::repack::x8_legacy_bytes(MIN), crate::repack::x8_regs_offset(MIN));
+    let (xb, regs) = crate::repack::x8_nibble_layout(MIN, FIVE);
     let low4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let y0 = a.qs.as_ptr().add(t * cols);
@@ -806,10 +814,16 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
         let blk = grp.add(b * xb);
         prefetch_ahead(blk, xb);
         let mut s16 = [_mm256_setzero_si256(); G];
+        let mut isum = [_mm256_setzero_si256(); G];
         for i in 0..4 {
             let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
-            let lo = _mm256_and_si256(p, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
+            let mut lo = _mm256_and_si256(p, low4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
+            if FIVE {
+                let qh = blk.add(crate::repack::Q5_0_X8_QH + 8 * i);
+                lo = _mm256_or_si256(lo, fifth_bits(qh));
+                hi = _mm256_or_si256(hi, fifth_bits(qh.add(4)));
+            }
             for (j, s16) in s16.iter_mut().enumerate() {
                 let y = y0.add(j * cols + 32 * b + 4 * i);
                 let ylo = _mm256_set1_epi32((y as *const i32).read_unaligned());
@@ -817,19 +831,40 @@ unsafe fn q4_x8_tokens<const MIN: bool, const G: usize>(
                 let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_maddubs_epi16(hi, yhi));
                 *s16 = _mm256_add_epi16(*s16, p16);
             }
+            if FIVE && i % 2 == 1 {
+                for (isum, s16) in isum.iter_mut().zip(s16.iter_mut()) {
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(*s16, ones));
+                    *s16 = _mm256_setzero_si256();
+                }
+            }
         }
-        let isum: [__m256i; G] = core::array::from_fn(|j| _mm256_madd_epi16(s16[j], ones));
-        q4_x8_scale::<MIN, G>(blk, &isum, d0.add(b), s0.add(b), nb, &mut acc);
+        if !FIVE {
+            isum = core::array::from_fn(|j| _mm256_madd_epi16(s16[j], ones));
+        }
+        q4_x8_scale::<MIN, FIVE, G>(blk, &isum, d0.add(b), s0.add(b), nb, &mut acc);
     }
     store_rows(&acc, out, stride);
 }
 
-/// Adds one block column of 8 interleaved Q4_0/Q4_1 rows to the f32 sums `acc` of `G` activation rows, from their
-/// integer block sums `isum`: `d_w·d_x·isum + c_w·s_x` with `c_w = m_w` (Q4_1) or `-8·d_w` (Q4_0); `d` and `s`
-/// point at the first row's `d_x` and `s_x` of this block (the rows `nb` apart).
+/// The 32 fifth bits at `qh` (an interleaved Q5_0 mask, [`crate::repack::Q5_0_X8_BYTES`]: bit `k` belongs to byte
+/// `k` of the nibble register) as bytes of 16 or 0: byte `k` gets byte `k / 8` of the mask (`vpshufb`), keeps bit
+/// `k % 8`, and a compare turns it into a full byte.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_x8_scale<const MIN: bool, const G: usize>(
+unsafe fn fifth_bits(qh: *const u8) -> __m256i {
+    let shuf = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let v = _mm256_shuffle_epi8(_mm256_set1_epi32((qh as *const i32).read_unaligned()), shuf);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(16))
+}
+
+/// Adds one block column of 8 interleaved Q4_0/Q4_1/Q5_0 rows to the f32 sums `acc` of `G` activation rows, from
+/// their integer block sums `isum`: `d_w·d_x·isum + c_w·s_x` with `c_w = m_w` (Q4_1), `-8·d_w` (Q4_0) or `-16·d_w`
+/// (Q5_0, `FIVE`); `d` and `s` point at the first row's `d_x` and `s_x` of this block (the rows `nb` apart).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_x8_scale<const MIN: bool, const FIVE: bool, const G: usize>(
     blk: *const u8,
     isum: &[__m256i; G],
     d: *const f32,
@@ -841,7 +876,7 @@ unsafe fn q4_x8_scale<const MIN: bool, const G: usize>(
     let cw = if MIN {
         _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i))
     } else {
-        _mm256_mul_ps(dw, _mm256_set1_ps(-8.0))
+        _mm256_mul_ps(dw, _mm256_set1_ps(if FIVE { -16.0 } else { -8.0 }))
     };
     for (j, acc) in acc.iter_mut().enumerate() {
         let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(j * nb)));
@@ -961,4 +996,112 @@ pub(super) unsafe fn q4_k_x8_scale<const G: usize>(
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
         *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
     }
+}
+
+/// The interleaved Q6_K kernel ([`crate::repack::interleave8`]). Only called after `Isa::Avx2.available()`.
+pub(crate) fn q6_k_x8_kernel() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q6_k_x8` checks the shapes it reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { q6_k_x8(w, cols, a, t0, nt, o, stride) }
+}
+
+/// Q6_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+    let nb = cols / 256;
+    assert!(a.nb == nb && a.cols == cols);
+    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
+    for_groups(w, nb * crate::repack::Q6_K_X8_BYTES, nt, 4, out, stride, |grp, j, n, o| match n {
+        1 => q6_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
+        2 => q6_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
+        3 => q6_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
+        _ => q6_k_x8_tokens::<4>(grp, a, t0 + j, o, stride),
+    });
+}
+
+/// 8 signed bytes (one per weight row) widened so that both i16 lanes of each row's 32-bit lane hold its byte: the
+/// multiplier of a `vpmaddwd` against per-row pairs of i16 sums (the signed [`dup16`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dup16_signed(p: *const u8) -> __m256i {
+    let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
+    _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32::<16>(v))
+}
+
+/// One group of 8 interleaved Q6_K rows × activation rows `t..t+G`, written to `out[j * stride + 0..8]`.
+///
+/// Per sub-block (one unit of [`crate::repack::Q6_K_X8_QS`]): the two nibble registers and the register of high
+/// bit pairs decode into four registers of 4 unsigned values (`q` in 0..64) × 8 rows, each `vpmaddubsw`'d with the
+/// activation's 4 values broadcast; two of them add up in i16 (at most 2·2·63·127 < 2^15) and one `vpmaddwd` with
+/// the rows' scales (in both i16 halves of a lane) adds them to the rows' i32 sums. The offset term `32·Σ sc·bsum`
+/// is one `vpmaddwd` per pair of sub-blocks of the rows' scale pairs with the activation's pair of 16-value sums.
+/// Per super-block `d_w·d_x·(isum − 32·msum)` in one FMA, as the AVX-512 kernel (exact integer sums, so a row's
+/// result does not depend on the other activation rows of the call).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6_k_x8_tokens<const G: usize>(grp: *const u8, a: &Acts, t: usize, out: *mut f32, stride: usize) {
+    use crate::repack::{Q6_K_X8_BYTES, Q6_K_X8_QS, Q6_K_X8_SCALES};
+    let (nb, cols) = (a.nb, a.cols);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let top2 = _mm256_set1_epi8(0x30);
+    let y0 = a.qs.as_ptr().add(t * cols);
+    let bcast = |p: *const i8| _mm256_set1_epi32((p as *const i32).read_unaligned());
+    let mut acc = [_mm256_setzero_ps(); G];
+    for b in 0..nb {
+        let blk = grp.add(b * Q6_K_X8_BYTES);
+        let mut isum = [_mm256_setzero_si256(); G];
+        for s in 0..16 {
+            let unit = blk.add(Q6_K_X8_QS + 96 * s);
+            if s % 2 == 0 {
+                prefetch_ahead(unit, 192);
+            }
+            let n0 = _mm256_loadu_si256(unit as *const __m256i);
+            let n1 = _mm256_loadu_si256(unit.add(32) as *const __m256i);
+            let h = _mm256_loadu_si256(unit.add(64) as *const __m256i);
+            // 16-bit shifts: the bits a shift carries across a byte boundary land outside 0x30 and are masked off.
+            let v = [
+                _mm256_or_si256(_mm256_and_si256(n0, low4), _mm256_and_si256(_mm256_slli_epi16::<4>(h), top2)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(n0), low4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), top2),
+                ),
+                _mm256_or_si256(_mm256_and_si256(n1, low4), _mm256_and_si256(h, top2)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(n1), low4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), top2),
+                ),
+            ];
+            let sc = dup16_signed(blk.add(Q6_K_X8_SCALES + 8 * s));
+            for (j, isum) in isum.iter_mut().enumerate() {
+                let y = y0.add(j * cols + 256 * b + 16 * s);
+                let p01 =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(v[0], bcast(y)), _mm256_maddubs_epi16(v[1], bcast(y.add(4))));
+                let p23 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(v[2], bcast(y.add(8))),
+                    _mm256_maddubs_epi16(v[3], bcast(y.add(12))),
+                );
+                let part = _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc));
+                *isum = _mm256_add_epi32(*isum, part);
+            }
+        }
+        let mut msum = [_mm256_setzero_si256(); G];
+        for k in 0..8 {
+            // Row r's scales of sub-blocks 2k and 2k + 1 side by side, as i16.
+            let at = blk.add(Q6_K_X8_SCALES + 16 * k);
+            let pairs =
+                _mm_unpacklo_epi8(_mm_loadl_epi64(at as *const __m128i), _mm_loadl_epi64(at.add(8) as *const __m128i));
+            let scp = _mm256_cvtepi8_epi16(pairs);
+            for (j, msum) in msum.iter_mut().enumerate() {
+                let bs = a.bsums.as_ptr().add(((t + j) * nb + b) * 16 + 2 * k);
+                let pair = _mm256_set1_epi32((bs as *const i32).read_unaligned());
+                *msum = _mm256_add_epi32(*msum, _mm256_madd_epi16(scp, pair));
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let total = _mm256_sub_epi32(isum[j], _mm256_slli_epi32::<5>(msum[j]));
+            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked((t + j) * nb + b)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, *acc);
+        }
+    }
+    store_rows(&acc, out, stride);
 }

@@ -97,7 +97,7 @@ pub(crate) fn kernel_for(isa: Isa, ty: GgmlType, layout: crate::Layout) -> Optio
 }
 
 /// The kernel for weights of type `ty` interleaved by 8 rows (Q4_0, Q4_1, Q5_0, Q4_K, Q6_K, Q8_0; AVX2 has no
-/// Q8_0, Q5_0 or Q6_K one: such matrices are interleaved only where [`crate::repack::interleave_pays`]).
+/// Q8_0 one: such matrices are interleaved only where [`crate::repack::interleave_pays`]).
 pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && Isa::Avx512.available() {
@@ -114,12 +114,12 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && Isa::Avx2.available() {
         return match ty {
-            GgmlType::Q4_0 => Some(avx2::q4_x8_kernel::<false>()),
-            GgmlType::Q4_1 => Some(avx2::q4_x8_kernel::<true>()),
+            GgmlType::Q4_0 => Some(avx2::q4_x8_kernel::<false, false>()),
+            GgmlType::Q4_1 => Some(avx2::q4_x8_kernel::<true, false>()),
             GgmlType::Q4_K => Some(avx2::q4_k_x8_kernel()),
             GgmlType::Q8_0 => Some(scalar::q8_x8),
-            GgmlType::Q5_0 => Some(scalar::q4_x8::<false, true>),
-            GgmlType::Q6_K => Some(scalar::q6_k_x8),
+            GgmlType::Q5_0 => Some(avx2::q4_x8_kernel::<false, true>()),
+            GgmlType::Q6_K => Some(avx2::q6_k_x8_kernel()),
             _ => None,
         };
     }
