@@ -395,7 +395,7 @@ fn interleaved_matrices_match_the_row_layout() {
     let mut rng = Rng(0x51_7cc1_b727_220a);
     let pool = ThreadPool::new(2);
     let mut scratch = MatmulScratch::default();
-    let legacy = [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536)];
+    let legacy = [(8, 32), (24, 96), (40, 64), (200, 576), (48, 1536), (16, 2304)];
     let k_shapes = [(8, 256), (24, 512), (48, 1536)];
     let cases = [
         (GgmlType::Q4_0, &legacy[..]),

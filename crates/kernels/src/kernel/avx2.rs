@@ -748,13 +748,78 @@ unsafe fn q4_x8<const MIN: bool, const FIVE: bool>(
     let nb = cols / 32;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.s.len() >= (t0 + nt) * nb);
-    let group_bytes = nb * crate::repack::x8_nibble_layout(MIN, FIVE).0;
-    for_groups(w, group_bytes, nt, 4, out, stride, |grp, j, n, o| match n {
-        1 => q4_x8_tokens::<MIN, FIVE, 1>(grp, a, t0 + j, o, stride),
-        2 => q4_x8_tokens::<MIN, FIVE, 2>(grp, a, t0 + j, o, stride),
-        3 => q4_x8_tokens::<MIN, FIVE, 3>(grp, a, t0 + j, o, stride),
-        _ => q4_x8_tokens::<MIN, FIVE, 4>(grp, a, t0 + j, o, stride),
+    let (xb, regs) = crate::repack::x8_nibble_layout(MIN, FIVE);
+    let group_bytes = nb * xb;
+    if FIVE && nt > RUN && nb <= UNPACKED_BLOCKS {
+        // Q5_0 with more than one run of activation rows: each group's values are unpacked once, not once per run
+        // (spreading the fifth bits is 5 operations a register). Session 62, 2-vCPU Zen 3, `kbench 2 Q5_0` (2048 ×
+        // 640, three alternating runs): 8 rows 103–111 vs 121–138 µs, 16 rows 203–222 vs 240–266 µs. For Q4_0/Q4_1
+        // (a load and 3 operations a register) it measured no faster (SmolLM2's 1536 × 576 Q4_1: the same to 1.4×
+        // slower at 8 and 16 rows), so they unpack per run.
+        let groups = w.len() / group_bytes;
+        assert!(w.len() % group_bytes == 0 && out.len() >= (nt - 1) * stride + 8 * groups);
+        // Written before it is read (block by block, below); not zeroed: a call may take only two groups.
+        let mut buf = std::mem::MaybeUninit::<[__m256i; 8 * UNPACKED_BLOCKS]>::uninit();
+        let values = buf.as_mut_ptr() as *mut __m256i;
+        for g in 0..groups {
+            let grp = w.as_ptr().add(g * group_bytes);
+            for b in 0..nb {
+                let blk = grp.add(b * xb);
+                prefetch_ahead(blk, xb);
+                for i in 0..4 {
+                    let (lo, hi) = q4_x8_values::<FIVE>(blk, regs, i);
+                    values.add(8 * b + i).write(lo);
+                    values.add(8 * b + 4 + i).write(hi);
+                }
+            }
+            let v = values as *const __m256i;
+            let mut j = 0;
+            while j < nt {
+                let o = out.as_mut_ptr().add(j * stride + 8 * g);
+                match (nt - j).min(RUN) {
+                    1 => q4_x8_tokens::<MIN, FIVE, true, 1>(grp, v, a, t0 + j, o, stride),
+                    2 => q4_x8_tokens::<MIN, FIVE, true, 2>(grp, v, a, t0 + j, o, stride),
+                    3 => q4_x8_tokens::<MIN, FIVE, true, 3>(grp, v, a, t0 + j, o, stride),
+                    _ => q4_x8_tokens::<MIN, FIVE, true, 4>(grp, v, a, t0 + j, o, stride),
+                }
+                j += RUN;
+            }
+        }
+        return;
+    }
+    let none = std::ptr::null();
+    for_groups(w, group_bytes, nt, RUN, out, stride, |grp, j, n, o| match n {
+        1 => q4_x8_tokens::<MIN, FIVE, false, 1>(grp, none, a, t0 + j, o, stride),
+        2 => q4_x8_tokens::<MIN, FIVE, false, 2>(grp, none, a, t0 + j, o, stride),
+        3 => q4_x8_tokens::<MIN, FIVE, false, 3>(grp, none, a, t0 + j, o, stride),
+        _ => q4_x8_tokens::<MIN, FIVE, false, 4>(grp, none, a, t0 + j, o, stride),
     });
+}
+
+/// Activation rows one pass of the interleaved Q4/Q5 kernel takes (its register budget: per row an i16 and an
+/// i32 block sum and an f32 accumulator).
+const RUN: usize = 4;
+
+/// Most blocks per row (`cols / 32`) whose unpacked Q5_0 values [`q4_x8`] keeps for a group (8 registers a block,
+/// 16 KB on the stack); longer rows are unpacked once per run of activation rows.
+const UNPACKED_BLOCKS: usize = 64;
+
+/// Register `i` of an interleaved Q4_0/Q4_1/Q5_0 block (`regs`: where its nibble registers start) unpacked into
+/// the unsigned values the kernel multiplies: values `4i..4i+4` (low nibbles) and `16+4i..` (high) of the 8 rows,
+/// for Q5_0 (`FIVE`) with the fifth bits of [`fifth_bits`] or'ed in as 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_x8_values<const FIVE: bool>(blk: *const u8, regs: usize, i: usize) -> (__m256i, __m256i) {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
+    let lo = _mm256_and_si256(p, low4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
+    if FIVE {
+        let qh = blk.add(crate::repack::Q5_0_X8_QH + 8 * i);
+        (_mm256_or_si256(lo, fifth_bits(qh)), _mm256_or_si256(hi, fifth_bits(qh.add(4))))
+    } else {
+        (lo, hi)
+    }
 }
 
 /// Walks the groups of 8 interleaved rows (`group_bytes` each) of `w` and, per group, the activation rows in
@@ -795,8 +860,9 @@ pub(super) unsafe fn for_groups(
 /// The integer sums are exact, so a row's result does not depend on the other activation rows of the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_x8_tokens<const MIN: bool, const FIVE: bool, const G: usize>(
+unsafe fn q4_x8_tokens<const MIN: bool, const FIVE: bool, const UNPACKED: bool, const G: usize>(
     grp: *const u8,
+    values: *const __m256i,
     a: &Acts,
     t: usize,
     out: *mut f32,
@@ -804,7 +870,6 @@ unsafe fn q4_x8_tokens<const MIN: bool, const FIVE: bool, const G: usize>(
 ) {
     let (nb, cols) = (a.nb, a.cols);
     let (xb, regs) = crate::repack::x8_nibble_layout(MIN, FIVE);
-    let low4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let y0 = a.qs.as_ptr().add(t * cols);
     let d0 = a.d.as_ptr().add(t * nb);
@@ -812,18 +877,17 @@ unsafe fn q4_x8_tokens<const MIN: bool, const FIVE: bool, const G: usize>(
     let mut acc = [_mm256_setzero_ps(); G];
     for b in 0..nb {
         let blk = grp.add(b * xb);
-        prefetch_ahead(blk, xb);
+        if !UNPACKED {
+            prefetch_ahead(blk, xb);
+        }
         let mut s16 = [_mm256_setzero_si256(); G];
         let mut isum = [_mm256_setzero_si256(); G];
         for i in 0..4 {
-            let p = _mm256_loadu_si256(blk.add(regs + 32 * i) as *const __m256i);
-            let mut lo = _mm256_and_si256(p, low4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), low4);
-            if FIVE {
-                let qh = blk.add(crate::repack::Q5_0_X8_QH + 8 * i);
-                lo = _mm256_or_si256(lo, fifth_bits(qh));
-                hi = _mm256_or_si256(hi, fifth_bits(qh.add(4)));
-            }
+            let (lo, hi) = if UNPACKED {
+                (*values.add(8 * b + i), *values.add(8 * b + 4 + i))
+            } else {
+                q4_x8_values::<FIVE>(blk, regs, i)
+            };
             for (j, s16) in s16.iter_mut().enumerate() {
                 let y = y0.add(j * cols + 32 * b + 4 * i);
                 let ylo = _mm256_set1_epi32((y as *const i32).read_unaligned());
