@@ -958,23 +958,29 @@ pub(super) unsafe fn store_rows<const G: usize>(acc: &[__m256; G], out: *mut f32
     }
 }
 
-/// The interleaved Q4_K kernel ([`crate::repack::interleave8`]). Only called after `Isa::Avx2.available()`.
-pub(crate) fn q4_k_x8_kernel() -> super::GroupKernel {
-    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q4_k_x8` checks the shapes it reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q4_k_x8(w, cols, a, t0, nt, o, stride) }
+/// The interleaved Q4_K (or, `SIX`, Q6_K) kernel ([`crate::repack::interleave8`]). Only called after
+/// `Isa::Avx2.available()`.
+pub(crate) fn k_x8_kernel<const SIX: bool>() -> super::GroupKernel {
+    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `k_x8` checks the shapes it reads.
+    |w, cols, a, t0, nt, o, stride| unsafe { k_x8::<SIX>(w, cols, a, t0, nt, o, stride) }
 }
 
-/// Q4_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
+/// Q4_K (or, `SIX`, Q6_K) weights interleaved by 8 rows × `nt` activation rows (Q8_K), in runs of up to 4.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
+unsafe fn k_x8<const SIX: bool>(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
     let nb = cols / 256;
     assert!(a.nb == nb && a.cols == cols);
     assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
-    for_groups(w, nb * crate::repack::Q4_K_X8_BYTES, nt, 4, out, stride, |grp, j, n, o| match n {
-        1 => q4_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
-        2 => q4_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
-        3 => q4_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
-        _ => q4_k_x8_tokens::<4>(grp, a, t0 + j, o, stride),
+    let xb = if SIX { crate::repack::Q6_K_X8_BYTES } else { crate::repack::Q4_K_X8_BYTES };
+    for_groups(w, nb * xb, nt, RUN, out, stride, |grp, j, n, o| match (SIX, n) {
+        (false, 1) => q4_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
+        (false, 2) => q4_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
+        (false, 3) => q4_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
+        (false, _) => q4_k_x8_tokens::<4>(grp, a, t0 + j, o, stride),
+        (true, 1) => q6_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
+        (true, 2) => q6_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
+        (true, 3) => q6_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
+        (true, _) => q6_k_x8_tokens::<4>(grp, a, t0 + j, o, stride),
     });
 }
 
@@ -1060,26 +1066,6 @@ pub(super) unsafe fn q4_k_x8_scale<const G: usize>(
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(dw, dy), *acc);
         *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[j]), _mm256_mul_ps(dmin, dy), *acc);
     }
-}
-
-/// The interleaved Q6_K kernel ([`crate::repack::interleave8`]). Only called after `Isa::Avx2.available()`.
-pub(crate) fn q6_k_x8_kernel() -> super::GroupKernel {
-    // SAFETY: handed out only when the CPU has avx2, fma and f16c; `q6_k_x8` checks the shapes it reads.
-    |w, cols, a, t0, nt, o, stride| unsafe { q6_k_x8(w, cols, a, t0, nt, o, stride) }
-}
-
-/// Q6_K weights interleaved by 8 rows × `nt` activation rows (Q8_K).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_x8(w: &[u8], cols: usize, a: &Acts, t0: usize, nt: usize, out: &mut [f32], stride: usize) {
-    let nb = cols / 256;
-    assert!(a.nb == nb && a.cols == cols);
-    assert!(a.qs.len() >= (t0 + nt) * cols && a.d.len() >= (t0 + nt) * nb && a.bsums.len() >= (t0 + nt) * nb * 16);
-    for_groups(w, nb * crate::repack::Q6_K_X8_BYTES, nt, 4, out, stride, |grp, j, n, o| match n {
-        1 => q6_k_x8_tokens::<1>(grp, a, t0 + j, o, stride),
-        2 => q6_k_x8_tokens::<2>(grp, a, t0 + j, o, stride),
-        3 => q6_k_x8_tokens::<3>(grp, a, t0 + j, o, stride),
-        _ => q6_k_x8_tokens::<4>(grp, a, t0 + j, o, stride),
-    });
 }
 
 /// 8 signed bytes (one per weight row) widened so that both i16 lanes of each row's 32-bit lane hold its byte: the

@@ -116,10 +116,10 @@ pub(crate) fn group_kernel(isa: Isa, ty: GgmlType) -> Option<GroupKernel> {
         return match ty {
             GgmlType::Q4_0 => Some(avx2::q4_x8_kernel::<false, false>()),
             GgmlType::Q4_1 => Some(avx2::q4_x8_kernel::<true, false>()),
-            GgmlType::Q4_K => Some(avx2::q4_k_x8_kernel()),
+            GgmlType::Q4_K => Some(avx2::k_x8_kernel::<false>()),
             GgmlType::Q8_0 => Some(scalar::q8_x8),
             GgmlType::Q5_0 => Some(avx2::q4_x8_kernel::<false, true>()),
-            GgmlType::Q6_K => Some(avx2::q6_k_x8_kernel()),
+            GgmlType::Q6_K => Some(avx2::k_x8_kernel::<true>()),
             _ => None,
         };
     }
