@@ -173,8 +173,9 @@ fn artifacts_made_for_another_model_are_refused_in_one_line() {
 
 /// The SHA-256 of each shipped file's tensors (`specee inspect`'s `tensor_sha256`): for the first four as shipped
 /// before manifests were added (rewriting the files with manifests changed no tensor), for Qwen2.5-Coder's head
-/// as fine-tuned on code (session 44), for its reasoning signal heads as first trained (session 45). A retrained file changes its entry here, on purpose.
-const SHIPPED_TENSORS: [(&str, &str); 6] = [
+/// as fine-tuned on code (session 44), for its reasoning signal heads as first trained (session 45), for its exit
+/// predictors as first shipped (session 63). A retrained file changes its entry here, on purpose.
+const SHIPPED_TENSORS: [(&str, &str); 7] = [
     (
         "SmolLM2-135M-Instruct.Q4_1.draft.safetensors",
         "d93e1e2f766234d936ea2abaeb01ade4683a91f29c67bd6b5c402823a450a9ea",
@@ -185,6 +186,10 @@ const SHIPPED_TENSORS: [(&str, &str); 6] = [
     (
         "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.draft.safetensors",
         "efb73348321e04463c840703e6c498e56b1dfd8b4c731b66889c91f0940bfe23",
+    ),
+    (
+        "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.exit.safetensors",
+        "6cb849c3d1933c12c0de29a3f58c77fc8bf968941468ba735e6f7185918f240b",
     ),
     (
         "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.reasoning.safetensors",
