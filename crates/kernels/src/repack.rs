@@ -28,9 +28,9 @@
 //! 47.4 / 46.7 vs 40.7 / 36.9 tok/s, prefill 178 / 207 vs 142 / 126; one thread decode 29.0 vs 21.8.
 //!
 //! Q6_K → interleaved by 8 rows where the CPU has AVX2 or AVX-512 VNNI ([`interleave_pays`]; on the scalar
-//! kernels the rows as they are): per sub-block of 16 values two nibble registers and one of high bit pairs ([`Q6_K_X8_QS`]), the file's
-//! size; the kernel decodes a sub-block of 16 rows into four registers and `vpdpbusd`s each activation row into
-//! them, where the row kernel unpacks one row at a time. Q4_K_M files keep half their `ffn_down` in Q6_K (Qwen2.5-
+//! kernels the rows as they are): per sub-block of 16 values two nibble registers and one of high bit pairs
+//! ([`Q6_K_X8_QS`]), the file's size; the kernel decodes a sub-block of 16 rows into four registers and
+//! `vpdpbusd`s each activation row into them, where the row kernel unpacks one row at a time. Q4_K_M files keep half their `ffn_down` in Q6_K (Qwen2.5-
 //! Coder 12 of 24 layers, Gemma 3 9 of 18). Session 58, `kbench 2 Q6_K` (weights in cache), alternating with
 //! `SPECEE_Q6_X8=0`: Qwen's 896 × 4864 one activation row 55 vs 89 µs, eight 171 vs 326 µs; `kprof` 5-row Qwen
 //! forward 12.4–13.5 vs 13.6–15.9 ms (median of each of 3 alternating runs), Qwen prefill (`specee bench -p 128`)
@@ -99,12 +99,13 @@ pub fn interleave_pays(ty: GgmlType) -> bool {
     let on = |cell: &std::sync::OnceLock<bool>, var: &str| {
         *cell.get_or_init(|| std::env::var(var).map_or(true, |v| v != "0"))
     };
-    let isa = crate::kernel::Isa::current();
-    let avx512 = isa == crate::kernel::Isa::Avx512;
+    use crate::kernel::Isa;
+    let isa = Isa::current();
+    let simd = matches!(isa, Isa::Avx2 | Isa::Avx512);
     match ty {
-        GgmlType::Q8_0 => avx512,
-        GgmlType::Q5_0 => (avx512 || isa == crate::kernel::Isa::Avx2) && on(&Q5_X8, "SPECEE_Q5_X8"),
-        GgmlType::Q6_K => (avx512 || isa == crate::kernel::Isa::Avx2) && on(&Q6_X8, "SPECEE_Q6_X8"),
+        GgmlType::Q8_0 => isa == Isa::Avx512,
+        GgmlType::Q5_0 => simd && on(&Q5_X8, "SPECEE_Q5_X8"),
+        GgmlType::Q6_K => simd && on(&Q6_X8, "SPECEE_Q6_X8"),
         _ => interleavable(ty),
     }
 }

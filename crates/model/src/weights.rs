@@ -27,8 +27,9 @@ impl Matrix {
 
     /// Converts a matrix into an exactly equal form whose kernels are faster ([`kernels::repack`]): matrices with
     /// a multiple of 8 rows whose interleaved kernels are faster on this CPU ([`kernels::repack::interleave_pays`]:
-    /// Q4_0, Q4_1, Q4_K; Q5_0 and Q6_K with AVX2 or AVX-512 VNNI, Q8_0 with AVX-512 VNNI) into groups of 8 interleaved rows; Q5_0 without its
-    /// interleaved kernel into Q8_0 (then interleaved where that pays); other types are left as they are.
+    /// Q4_0, Q4_1, Q4_K; Q5_0 and Q6_K with AVX2 or AVX-512 VNNI, Q8_0 with AVX-512 VNNI) into groups of 8
+    /// interleaved rows; Q5_0 without its interleaved kernel into Q8_0 (then interleaved where that pays); other
+    /// types are left as they are.
     pub fn repack(&mut self, file: &GgufFile) {
         if self.owned.is_some() {
             return;
