@@ -155,9 +155,9 @@ impl Attention<'_> {
             hpt,
             sc,
             |a, b| unsafe { avx2::dot(a, b) },
-            dot8_each(|q, ks| unsafe { avx2::dot8(q, ks) }),
+            |qs, ks, out| unsafe { avx2::dot8_multi(qs, ks, out) },
             |w, m| unsafe { avx2::exp_sum(w, m) },
-            weigh_each(|w, rows, out, inv| unsafe { avx2::weigh(w, rows, out, inv) }),
+            |ws, rows, outs, invs| unsafe { avx2::weigh_multi(ws, rows, outs, invs) },
         )
     }
 
@@ -656,6 +656,141 @@ mod avx2 {
             out[c] = (even + odd) * inv;
         }
     }
+
+    /// [`dot8`] for each of a task's queries, bit-identical to one [`dot8`] per query: each key chunk is loaded
+    /// and converted once for all of them (until session 64 the AVX2 path converted every key once per query).
+    /// `KG` keys at a time, so that the `2 · H · KG` accumulators and the two converted halves of a key fit in
+    /// sixteen registers (the queries are read as memory operands of the multiply-adds).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn dot8_multi(qs: &super::Queries, ks: [&[u16]; 8], out: &mut [[f32; 8]; super::MAX_HPT]) {
+        match qs.len {
+            1 => out[0] = dot8(qs.q[0], ks),
+            2 => dot8_h::<2, 2>(qs, ks, out),
+            3 => dot8_h::<3, 2>(qs, ks, out),
+            _ => dot8_h::<4, 1>(qs, ks, out),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot8_h<const H: usize, const KG: usize>(
+        qs: &super::Queries,
+        ks: [&[u16]; 8],
+        out: &mut [[f32; 8]; super::MAX_HPT],
+    ) {
+        let len = ks.iter().map(|k| k.len()).chain(qs.q[..H].iter().map(|q| q.len())).min().unwrap_or(0);
+        let chunks = len / 16;
+        let qp: [*const f32; H] = std::array::from_fn(|h| qs.q[h].as_ptr());
+        let mut v = [[_mm256_setzero_ps(); 8]; H];
+        for g in (0..8).step_by(KG) {
+            let kp: [*const u16; KG] = std::array::from_fn(|i| ks[g + i].as_ptr());
+            let (mut lo, mut hi) = ([[_mm256_setzero_ps(); KG]; H], [[_mm256_setzero_ps(); KG]; H]);
+            for c in 0..chunks {
+                for i in 0..KG {
+                    let (kl, kh) = (load_f16x8(kp[i].add(16 * c)), load_f16x8(kp[i].add(16 * c + 8)));
+                    for h in 0..H {
+                        lo[h][i] = _mm256_fmadd_ps(_mm256_loadu_ps(qp[h].add(16 * c)), kl, lo[h][i]);
+                        hi[h][i] = _mm256_fmadd_ps(_mm256_loadu_ps(qp[h].add(16 * c + 8)), kh, hi[h][i]);
+                    }
+                }
+            }
+            for h in 0..H {
+                for i in 0..KG {
+                    v[h][g + i] = _mm256_add_ps(lo[h][i], hi[h][i]);
+                }
+            }
+        }
+        for (h, o) in out.iter_mut().enumerate().take(H) {
+            *o = finish8(qs.q[h], &ks, chunks * 16, reduce8(v[h]));
+        }
+    }
+
+    /// [`weigh`] for each of a task's queries (weights `ws[i]`, output `outs[i]`, scale `invs[i]`), bit-identical
+    /// to one [`weigh`] per query: each value row is loaded and converted once for all of them. Blocks of `8 · NV`
+    /// elements with `NV` chosen so that the `2 · H · NV` accumulators, the broadcast weights and the two converted
+    /// rows fit in sixteen registers (an accumulator spilled to the stack puts a store and a load on its
+    /// dependency chain: the one-query kernel's 32-element block did so and ran at about half its multiply-add
+    /// rate), then 8 at a time, then the portable code for a tail.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn weigh_multi(ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
+        match ws.len() {
+            1 => weigh(ws[0], rows, outs[0], invs[0]),
+            2 => weigh_h::<2>(ws, rows, outs, invs),
+            3 => weigh_h::<3>(ws, rows, outs, invs),
+            _ => weigh_h::<4>(ws, rows, outs, invs),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn weigh_h<const H: usize>(ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
+        assert!(ws.len() == H && outs.len() == H && invs.len() == H);
+        let len = outs[0].len();
+        let nr = ws[0].len();
+        assert!(outs.iter().all(|o| o.len() == len) && ws.iter().all(|w| w.len() == nr));
+        // Every row checked once, then read without bounds checks in the loops below.
+        assert!(nr <= rows.slots.len());
+        assert!(rows.slots[..nr].iter().all(|&s| s as usize * rows.stride + rows.offset + len <= rows.vc.len()));
+        let (vp, slots) = (rows.vc.as_ptr().add(rows.offset), rows.slots.as_ptr());
+        let base = |r: usize| vp.add(*slots.add(r) as usize * rows.stride);
+        let wp: [*const f32; H] = std::array::from_fn(|i| ws[i].as_ptr());
+        let mut c0 = 0;
+        macro_rules! block {
+            ($nv:literal) => {{
+                let mut even = [[_mm256_setzero_ps(); $nv]; H];
+                let mut odd = [[_mm256_setzero_ps(); $nv]; H];
+                let mut r = 0;
+                while r + 2 <= nr {
+                    let (p0, p1) = (base(r).add(c0), base(r + 1).add(c0));
+                    for i in 0..$nv {
+                        let (v0, v1) = (load_f16x8(p0.add(8 * i)), load_f16x8(p1.add(8 * i)));
+                        for h in 0..H {
+                            even[h][i] = _mm256_fmadd_ps(_mm256_set1_ps(*wp[h].add(r)), v0, even[h][i]);
+                            odd[h][i] = _mm256_fmadd_ps(_mm256_set1_ps(*wp[h].add(r + 1)), v1, odd[h][i]);
+                        }
+                    }
+                    r += 2;
+                }
+                if r < nr {
+                    let p0 = base(r).add(c0);
+                    for i in 0..$nv {
+                        let v0 = load_f16x8(p0.add(8 * i));
+                        for h in 0..H {
+                            even[h][i] = _mm256_fmadd_ps(_mm256_set1_ps(*wp[h].add(r)), v0, even[h][i]);
+                        }
+                    }
+                }
+                for h in 0..H {
+                    let inv = _mm256_set1_ps(invs[h]);
+                    for i in 0..$nv {
+                        _mm256_storeu_ps(
+                            outs[h].as_mut_ptr().add(c0 + 8 * i),
+                            _mm256_mul_ps(_mm256_add_ps(even[h][i], odd[h][i]), inv),
+                        );
+                    }
+                }
+                c0 += 8 * $nv;
+            }};
+        }
+        if H <= 2 {
+            while c0 + 16 <= len {
+                block!(2);
+            }
+        }
+        while c0 + 8 <= len {
+            block!(1);
+        }
+        if c0 < len {
+            let shifted = ValueRows { vc: rows.vc, slots: rows.slots, stride: rows.stride, offset: rows.offset + c0 };
+            for h in 0..H {
+                let mut tail = vec![0f32; len - c0];
+                super::weigh(ws[h], &shifted, &mut tail, invs[h]);
+                outs[h][c0..].copy_from_slice(&tail);
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -845,6 +980,37 @@ mod tests {
         }
     }
 
+    /// The multi-query kernels of one instruction set, as safe calls.
+    #[cfg(target_arch = "x86_64")]
+    struct MultiKernels {
+        dot8: Box<dyn Fn(&Queries, [&[u16]; 8], &mut [[f32; 8]; MAX_HPT])>,
+        weigh: Box<dyn Fn(&[&[f32]], &ValueRows, &mut [&mut [f32]], &[f32])>,
+    }
+
+    /// The multi-query kernels this CPU runs: AVX2's (the caller checked AVX2, FMA and F16C), and AVX-512's where
+    /// it has them.
+    #[cfg(target_arch = "x86_64")]
+    fn multi_kernels() -> Vec<(&'static str, MultiKernels)> {
+        // SAFETY (every closure): the CPU has the features of the kernel it calls (checked by the caller, or here).
+        let mut all = vec![(
+            "AVX2",
+            MultiKernels {
+                dot8: Box::new(|qs, ks, out| unsafe { avx2::dot8_multi(qs, ks, out) }),
+                weigh: Box::new(|ws, rows, outs, invs| unsafe { avx2::weigh_multi(ws, rows, outs, invs) }),
+            },
+        )];
+        if avx512::available() {
+            all.push((
+                "AVX-512",
+                MultiKernels {
+                    dot8: Box::new(|qs, ks, out| unsafe { avx512::dot8(qs, ks, out) }),
+                    weigh: Box::new(|ws, rows, outs, invs| unsafe { avx512::weigh(ws, rows, outs, invs) }),
+                },
+            ));
+        }
+        all
+    }
+
     #[test]
     fn exp_is_accurate_for_nonpositive_arguments() {
         let mut worst = 0f64;
@@ -955,18 +1121,17 @@ mod tests {
                     assert_eq!(g.to_bits(), one.to_bits(), "len {len}: {g} vs {one}");
                     assert_eq!(g.to_bits(), dot(&q, k).to_bits(), "len {len}");
                 }
-                if avx512::available() {
-                    // Up to MAX_HPT queries at once (the first is `q`), each as the portable code computes it.
-                    let more: Vec<Vec<f32>> = (0..MAX_HPT).map(|_| (0..len).map(|_| next()).collect()).collect();
+                // Up to MAX_HPT queries at once (the first is `q`), each as the portable code computes it.
+                let more: Vec<Vec<f32>> = (0..MAX_HPT).map(|_| (0..len).map(|_| next()).collect()).collect();
+                for (isa, multi) in multi_kernels() {
                     for h in 1..=MAX_HPT {
                         let qs =
                             Queries { q: std::array::from_fn(|i| if i == 0 { &q[..] } else { &more[i][..] }), len: h };
                         let mut wide = [[0f32; 8]; MAX_HPT];
-                        // SAFETY: the CPU has what the AVX-512 kernels need (checked).
-                        unsafe { avx512::dot8(&qs, std::array::from_fn(|i| &keys[i][..]), &mut wide) };
+                        (multi.dot8)(&qs, std::array::from_fn(|i| &keys[i][..]), &mut wide);
                         for (i, qv) in qs.iter().enumerate() {
                             let want: Vec<f32> = keys.iter().map(|k| dot(qv, k)).collect();
-                            assert_eq!(bits(&wide[i]), bits(&want), "len {len}, {h} queries, query {i}");
+                            assert_eq!(bits(&wide[i]), bits(&want), "{isa}, len {len}, {h} queries, query {i}");
                         }
                     }
                 }
@@ -989,22 +1154,21 @@ mod tests {
                     // SAFETY: as above.
                     unsafe { avx2::weigh(&w, &rows, &mut got, 1.0 / sum) };
                     assert_eq!(bits(&got), bits(&want), "len {len} rows {nr}");
-                    if avx512::available() {
-                        // Up to MAX_HPT weight vectors over the same rows, each as the portable code weighs it.
-                        let ws: Vec<Vec<f32>> = (0..MAX_HPT)
-                            .map(|i| if i == 0 { w.clone() } else { w.iter().map(|x| x * next().abs()).collect() })
-                            .collect();
+                    // Up to MAX_HPT weight vectors over the same rows, each as the portable code weighs it.
+                    let ws: Vec<Vec<f32>> = (0..MAX_HPT)
+                        .map(|i| if i == 0 { w.clone() } else { w.iter().map(|x| x * next().abs()).collect() })
+                        .collect();
+                    for (isa, multi) in multi_kernels() {
                         for h in 1..=MAX_HPT {
                             let mut outs: Vec<Vec<f32>> = vec![vec![1f32; len]; h];
                             let invs: Vec<f32> = (0..h).map(|i| 1.0 / (sum + i as f32)).collect();
                             let wr: Vec<&[f32]> = ws[..h].iter().map(|v| &v[..]).collect();
                             let mut or: Vec<&mut [f32]> = outs.iter_mut().map(|v| &mut v[..]).collect();
-                            // SAFETY: as above.
-                            unsafe { avx512::weigh(&wr, &rows, &mut or, &invs) };
+                            (multi.weigh)(&wr, &rows, &mut or, &invs);
                             for i in 0..h {
                                 let mut want = vec![0f32; len];
                                 weigh(&ws[i], &rows, &mut want, invs[i]);
-                                assert_eq!(bits(&outs[i]), bits(&want), "AVX-512, len {len} rows {nr}, {h} queries");
+                                assert_eq!(bits(&outs[i]), bits(&want), "{isa}, len {len} rows {nr}, {h} queries");
                             }
                         }
                     }
