@@ -19,7 +19,12 @@
 //!
 //! Scheduling ([`Attention::run_split`]): tasks are numbered KV head first and each thread takes a contiguous
 //! share, so that a thread reads only its own KV heads' part of the cache; that traffic, from beyond the core's own
-//! caches, is most of what attention costs at long contexts.
+//! caches, is most of what attention costs at long contexts. Since session 64 the cache is KV head major
+//! ([`crate::KvCache`]), so that part is one contiguous run per head instead of a `head_dim`-wide piece of every
+//! slot row. Measured on the 2-vCPU Zen 3 (AVX2) VM, `KPROF_NOHEAD=1 KPROF_CTX=C kprof MODEL K 2 60`, slot-major /
+//! head-major alternating, median ms a forward: SmolLM2 (3 KV heads) at 1,500 tokens 8.74, 8.99 → 6.38, 6.54 (1
+//! row), 19.3, 14.9 → 13.0, 13.4 (4 rows); at 64 and 500 tokens within the noise; Qwen2.5-Coder (2 KV heads) at
+//! 1,500 tokens, 4 rows 26.5, 28.2 → 25.2, 25.9, 1 row within the noise. The kernels take any strides.
 //!
 //! Session 18 widened the dot product from eight lanes of multiply-then-add to sixteen lanes of FMA, added the
 //! AVX-512 kernels, the shared heads and the KV-head-major split. Measured with `kprof` (`KPROF_NOHEAD=1
@@ -33,16 +38,20 @@
 //! reference tests (`tests/reference.rs`) bound how far our logits may drift from its own.
 
 use crate::blocks::f16_to_f32;
+use crate::kv_cache::Strides;
 use crate::model::{Mask, SharedMut};
 
 /// The attention of a batch over one layer's KV cache: one task per row and set of heads of one KV group.
 pub(crate) struct Attention<'a> {
     /// Queries, `n × qd` (rounded to f16 values).
     pub q: &'a [f32],
-    /// Cached keys (f16 bits), `total × kvd`.
+    /// Cached keys (f16 bits): slot `s` of KV head `h` at `h · ks.head + s · ks.slot` ([`crate::KvCache`]'s
+    /// layout).
     pub kc: &'a [u16],
-    /// Cached values (f16 bits), `total × vd`.
+    /// Cached values (f16 bits), likewise at `h · vs.head + s · vs.slot`.
     pub vc: &'a [u16],
+    pub ks: Strides,
+    pub vs: Strides,
     /// Position of every cached slot.
     pub pc: &'a [u32],
     /// Position of every row of the batch.
@@ -56,8 +65,6 @@ pub(crate) struct Attention<'a> {
     /// Rows in the batch.
     pub n: usize,
     pub qd: usize,
-    pub kvd: usize,
-    pub vd: usize,
     pub hd: usize,
     pub hdv: usize,
     /// Width of an output row.
@@ -232,7 +239,7 @@ impl Attention<'_> {
         exp_sum: impl Fn(&mut [f32], f32) -> f32,
         weigh: impl Fn(&[&[f32]], &ValueRows, &mut [&mut [f32]], &[f32]),
     ) {
-        let Attention { q, kc, vc, pc, positions, mask, window, base, total, n, qd, kvd, vd, hd, hdv, .. } = *self;
+        let Attention { q, kc, vc, ks, vs, pc, positions, mask, window, base, total, n, qd, hd, hdv, .. } = *self;
         assert!((1..=MAX_HPT).contains(&hpt) && sc.len() >= SCRATCH_PER_SLOT * total);
         let (slots, all_scores) = sc.split_at_mut(total);
         // SAFETY: `slots` holds `total` floats; u32 has the size and alignment of f32 and any bits are valid.
@@ -278,7 +285,7 @@ impl Attention<'_> {
             }
             // 2. Scores, eight keys at a time.
             let qs = Queries { q: std::array::from_fn(|i| &q[j * qd + (h0 + i.min(hpt - 1)) * hd..][..hd]), len: hpt };
-            let key = |s: u32| &kc[s as usize * kvd + kvh * hd..s as usize * kvd + (kvh + 1) * hd];
+            let key = |s: u32| &kc[kvh * ks.head + s as usize * ks.slot..][..hd];
             let mut d = [[0f32; 8]; MAX_HPT];
             let mut r = 0;
             while r + 8 <= nv {
@@ -312,7 +319,7 @@ impl Attention<'_> {
                 *out =
                     unsafe { std::slice::from_raw_parts_mut(self.att.get().add(j * self.att_d + (h0 + i) * hdv), hdv) };
             }
-            let rows = ValueRows { vc, slots, stride: vd, offset: kvh * hdv };
+            let rows = ValueRows { vc, slots, stride: vs.slot, offset: kvh * vs.head };
             let weights: [&[f32]; MAX_HPT] = std::array::from_fn(|i| &*scores[i]);
             weigh(&weights[..hpt], &rows, &mut outs[..hpt], &invs[..hpt]);
         }
@@ -1058,8 +1065,9 @@ mod tests {
                 total,
                 n,
                 qd,
-                kvd,
-                vd: kvd,
+                // Slot-major (llama.cpp's layout): the kernels take any strides.
+                ks: Strides { slot: kvd, head: hd },
+                vs: Strides { slot: kvd, head: hd },
                 hd,
                 hdv: hd,
                 att_d: qd,

@@ -6,6 +6,12 @@
 //! Invariants: for every layer, slots `0..len` are valid; `len <= capacity`; a slot's K and V rows are
 //! `kv_dim` and `kv_dim_v` values, stored as f16 (bits), the precision the attention reads them at (as ggml's
 //! f16 cache): half the bytes of f32 for the attention to stream.
+//!
+//! Layout: **KV head major** — a layer's keys are `n_head_kv` runs of `capacity` slots of `head_dim` values
+//! (`k[h · capacity · head_dim + slot · head_dim + i]`), the values likewise, so that an attention task, which
+//! reads one KV head over every visible slot, streams one contiguous run instead of a `head_dim`-wide piece of
+//! every `kv_dim`-wide slot row (llama.cpp's slot-major layout, ours until session 64). [`KvCache::strides`] tells
+//! the attention where a slot of a head starts.
 
 use crate::config::Config;
 use crate::error::ModelError;
@@ -25,7 +31,18 @@ pub struct KvCache {
     capacity: usize,
     kv_dim: usize,
     kv_dim_v: usize,
+    /// KV heads, and the width of one head's key and value.
+    n_head_kv: usize,
+    head_dim: usize,
+    head_dim_v: usize,
     layers: Vec<LayerCache>,
+}
+
+/// Where a cached key or value starts: slot `s` of KV head `h` at `h · head + s · slot` (f16 elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    pub slot: usize,
+    pub head: usize,
 }
 
 impl KvCache {
@@ -42,7 +59,44 @@ impl KvCache {
                 len: 0,
             })
             .collect();
-        KvCache { capacity, kv_dim, kv_dim_v, layers }
+        KvCache {
+            capacity,
+            kv_dim,
+            kv_dim_v,
+            n_head_kv: config.n_head_kv,
+            head_dim: config.head_dim,
+            head_dim_v: config.head_dim_v,
+            layers,
+        }
+    }
+
+    /// Where slot `s` of KV head `h` starts in a layer's keys and values (see the module's layout).
+    pub(crate) fn strides(&self) -> (Strides, Strides) {
+        (
+            Strides { slot: self.head_dim, head: self.capacity * self.head_dim },
+            Strides { slot: self.head_dim_v, head: self.capacity * self.head_dim_v },
+        )
+    }
+
+    /// Writes `positions.len()` new slots at the end of `layer`: keys `k` (`n × kv_dim`, slot-major as the
+    /// projections make them) and values `v` (`n × kv_dim_v`), already rounded to f16 values, and their positions.
+    /// The caller checked the room ([`KvCache::check_room`]).
+    pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32], positions: &[u32]) {
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+        let (cap, nh, hd, hdv) = (self.capacity, self.n_head_kv, self.head_dim, self.head_dim_v);
+        let l = &mut self.layers[layer];
+        let base = l.len;
+        // Exact: the values are f16 values. The slice conversions use F16C where the CPU has it.
+        let put = |dst: &mut [u16], src: &[f32]| dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
+        for (r, (kr, vr)) in k.chunks_exact(nh * hd).zip(v.chunks_exact(nh * hdv)).enumerate() {
+            let s = base + r;
+            for h in 0..nh {
+                put(&mut l.k[h * cap * hd + s * hd..][..hd], &kr[h * hd..(h + 1) * hd]);
+                put(&mut l.v[h * cap * hdv + s * hdv..][..hdv], &vr[h * hdv..(h + 1) * hdv]);
+            }
+        }
+        l.pos[base..base + positions.len()].copy_from_slice(positions);
+        l.len = base + positions.len();
     }
 
     /// Maximum number of slots per layer.
@@ -97,7 +151,7 @@ impl KvCache {
     /// Keeps, of the slots from `start` on in `layer`, only those at `start + keep[i]` (ascending), moved to
     /// `start + i`. Used to keep the accepted path of a draft tree.
     pub fn compact_layer(&mut self, layer: usize, start: usize, keep: &[usize]) {
-        let (kd, vd) = (self.kv_dim, self.kv_dim_v);
+        let (cap, nh, hd, hdv) = (self.capacity, self.n_head_kv, self.head_dim, self.head_dim_v);
         let l = &mut self.layers[layer];
         let mut new_len = start;
         for &off in keep {
@@ -106,8 +160,11 @@ impl KvCache {
                 break;
             }
             if src != new_len {
-                l.k.copy_within(src * kd..(src + 1) * kd, new_len * kd);
-                l.v.copy_within(src * vd..(src + 1) * vd, new_len * vd);
+                for h in 0..nh {
+                    let (k0, v0) = (h * cap * hd, h * cap * hdv);
+                    l.k.copy_within(k0 + src * hd..k0 + (src + 1) * hd, k0 + new_len * hd);
+                    l.v.copy_within(v0 + src * hdv..v0 + (src + 1) * hdv, v0 + new_len * hdv);
+                }
                 l.pos[new_len] = l.pos[src];
             }
             new_len += 1;
@@ -126,21 +183,23 @@ impl KvCache {
     /// prompt prefix: the server's prefix cache). `len` is cut to what every layer holds and to `capacity`.
     pub fn prefix_copy(&self, len: usize, capacity: usize) -> KvCache {
         let len = self.layers.iter().map(|l| l.len).min().unwrap_or(0).min(len).min(capacity);
-        let (kd, vd) = (self.kv_dim, self.kv_dim_v);
+        let (old, nh, hd, hdv) = (self.capacity, self.n_head_kv, self.head_dim, self.head_dim_v);
         let layers = self
             .layers
             .iter()
             .map(|l| {
-                let mut k = vec![0; capacity * kd];
-                let mut v = vec![0; capacity * vd];
+                let mut k = vec![0; capacity * self.kv_dim];
+                let mut v = vec![0; capacity * self.kv_dim_v];
                 let mut pos = vec![0; capacity];
-                k[..len * kd].copy_from_slice(&l.k[..len * kd]);
-                v[..len * vd].copy_from_slice(&l.v[..len * vd]);
+                for h in 0..nh {
+                    k[h * capacity * hd..][..len * hd].copy_from_slice(&l.k[h * old * hd..][..len * hd]);
+                    v[h * capacity * hdv..][..len * hdv].copy_from_slice(&l.v[h * old * hdv..][..len * hdv]);
+                }
                 pos[..len].copy_from_slice(&l.pos[..len]);
                 LayerCache { k, v, pos, len }
             })
             .collect();
-        KvCache { capacity, kv_dim: kd, kv_dim_v: vd, layers }
+        KvCache { capacity, layers, ..*self }
     }
 
     /// Bytes one slot takes over all layers (keys, values and position).
@@ -160,8 +219,55 @@ impl KvCache {
     pub(crate) fn layer(&self, layer: usize) -> &LayerCache {
         &self.layers[layer]
     }
+}
 
-    pub(crate) fn layer_mut(&mut self, layer: usize) -> &mut LayerCache {
-        &mut self.layers[layer]
+#[cfg(test)]
+mod tests {
+    /// Slot `s`'s key and value rows (all KV heads, in head order) of layer `il`, read through the layout.
+    fn rows(kv: &super::KvCache, il: usize, s: usize) -> (Vec<u16>, Vec<u16>) {
+        let (ks, vs) = kv.strides();
+        let l = kv.layer(il);
+        let mut out = (Vec::new(), Vec::new());
+        for h in 0..kv.n_head_kv {
+            out.0.extend_from_slice(&l.k[h * ks.head + s * ks.slot..][..kv.head_dim]);
+            out.1.extend_from_slice(&l.v[h * vs.head + s * vs.slot..][..kv.head_dim_v]);
+        }
+        out
+    }
+
+    /// Appending slot-major rows, compacting to a path and copying a prefix into another capacity keep every
+    /// KV head's key and value of every kept slot (the layout is KV head major, so each moves per head).
+    #[test]
+    fn appending_compacting_and_copying_keep_every_heads_rows() {
+        let m = crate::testing::tiny_model("llama", None, 1, 64);
+        let c = &m.config;
+        assert!(c.n_head_kv > 1, "the test needs several KV heads");
+        let (kvd, vd) = (c.kv_dim(), c.n_head_kv * c.head_dim_v);
+        let mut kv = m.new_cache(16);
+        let value = |s: usize, i: usize| half::f16::from_f32((s * 1000 + i) as f32 / 64.0);
+        let n = 7;
+        let k: Vec<f32> = (0..n * kvd).map(|j| value(j / kvd, j % kvd).to_f32()).collect();
+        let v: Vec<f32> = (0..n * vd).map(|j| value(j / vd, 500 + j % vd).to_f32()).collect();
+        let positions: Vec<u32> = (0..n as u32).collect();
+        for il in 0..c.n_layers {
+            kv.append(il, &k, &v, &positions);
+        }
+        let want = |s: usize| {
+            let bits = |x: &[f32]| x.iter().map(|&f| half::f16::from_f32(f).to_bits()).collect::<Vec<_>>();
+            (bits(&k[s * kvd..(s + 1) * kvd]), bits(&v[s * vd..(s + 1) * vd]))
+        };
+        for s in 0..n {
+            assert_eq!(rows(&kv, 1, s), want(s), "appended slot {s}");
+        }
+        let copy = kv.prefix_copy(5, 9);
+        kv.compact(2, &[1, 3, 4]);
+        assert_eq!(kv.positions(0), &[0, 1, 3, 5, 6]);
+        for (s, from) in [0, 1, 3, 5, 6].into_iter().enumerate() {
+            assert_eq!(rows(&kv, 0, s), want(from), "compacted slot {s}");
+        }
+        assert_eq!((copy.seq_len(), copy.capacity()), (5, 9));
+        for s in 0..5 {
+            assert_eq!(rows(&copy, c.n_layers - 1, s), want(s), "copied slot {s}");
+        }
     }
 }

@@ -337,10 +337,13 @@ impl Model {
             let m = s.positions.len();
             let total = s.kv.len(il);
             let lc = s.kv.layer(il);
+            let (ks, vs) = s.kv.strides();
             jobs.push(Attention {
                 q: &ws.q[row0 * qd..(row0 + m) * qd],
                 kc: &lc.k[..],
                 vc: &lc.v[..],
+                ks,
+                vs,
                 pc: &lc.pos[..],
                 positions: s.positions,
                 mask: s.mask,
@@ -349,8 +352,6 @@ impl Model {
                 total,
                 n: m,
                 qd,
-                kvd,
-                vd,
                 hd,
                 hdv,
                 att_d,
@@ -449,19 +450,9 @@ impl Model {
     fn append_kv(&self, il: usize, positions: &[u32], row0: usize, kv: &mut KvCache, ws: &Workspace) {
         let c = &self.config;
         let (kvd, vd, n) = (c.kv_dim(), c.n_head_kv * c.head_dim_v, positions.len());
-        let base = kv.len(il);
-        let total = base + n;
-        let lc = kv.layer_mut(il);
-        // Exact: `finish_qkv` rounded them to f16. The slice conversions use F16C where the CPU has it (per
-        // element, `f16::from_f32` was ~1% of a forward on the main thread, with the rounding above).
-        let bits = |dst: &mut [u16], src: &[f32]| {
-            use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-            dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
-        };
-        bits(&mut lc.k[base * kvd..total * kvd], &ws.k[row0 * kvd..(row0 + n) * kvd]);
-        bits(&mut lc.v[base * vd..total * vd], &ws.v[row0 * vd..(row0 + n) * vd]);
-        lc.pos[base..total].copy_from_slice(positions);
-        lc.len = total;
+        // Exact: `finish_qkv` rounded them to f16 (per element, `f16::from_f32` was ~1% of a forward on the main
+        // thread, with that rounding; the cache converts slices, with F16C where the CPU has it).
+        kv.append(il, &ws.k[row0 * kvd..(row0 + n) * kvd], &ws.v[row0 * vd..(row0 + n) * vd], positions);
     }
 
     /// Computes only the keys and values that block `il` would cache for the rows `x` (`n × n_embd`, not
