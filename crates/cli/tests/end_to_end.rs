@@ -436,6 +436,28 @@ fn bench_names_the_bad_line_of_a_prompt_file() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `bench -d D` measures after D tokens of context (llama-bench's `-d`): the JSON says so, and `-d` does not go
+/// with `--prompts` (a mode comparison runs its prompts' own contexts).
+#[test]
+fn bench_measures_deep_in_the_context() {
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    let o = specee(
+        &["bench", "-m", m, "-p", "8", "-n", "4", "-d", "40", "-r", "1", "-t", "2", "--json"],
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["n_depth"], 40);
+    assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0 && v["prompt_tokens_per_s"].as_f64().unwrap() > 0.0);
+    let o = specee(
+        &["bench", "-m", m, "-n", "4", "-d", "40", "--prompts", "bench/chat-heldout.jsonl"],
+        Duration::from_secs(60),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--n-depth"), "{}", stderr(&o));
+}
+
 /// Reasoning on Qwen2.5-Coder with the `boxed` profile: `eval-reasoning --reasoning-exit none` generates exactly
 /// what `generate --reasoning` does on the same question (token counts, answer), and parses the right answer of a
 /// problem the model solves; DEER runs full reasoning beside it (the same tokens) and cuts at a boundary.

@@ -1,6 +1,6 @@
-//! Speed measurement, like llama-bench: prompt processing (a fresh cache, `P` tokens in one batch) and decode
-//! (`N` single-token steps after a one-token context, each with full-vocabulary logits), repeated `R` times
-//! after one warm-up; and the **batch curve** — the cost of one forward of `k` rows with head logits for all `k`
+//! Speed measurement, like llama-bench: prompt processing (`P` tokens in one batch) and decode (`N` single-token
+//! steps, each with the greedy head), both after `D` tokens already in the cache (llama-bench's `-d`: 0 by
+//! default, a fresh cache), repeated `R` times after one warm-up; and the **batch curve** — the cost of one forward of `k` rows with head logits for all `k`
 //! rows, relative to `k = 1`, which decides whether draft trees can pay. Also the prompt files that comparisons of
 //! decoding modes run over ([`read_prompts`]).
 
@@ -14,6 +14,9 @@ use std::time::Instant;
 pub struct BenchParams {
     pub prompt_tokens: usize,
     pub decode_tokens: usize,
+    /// Tokens in the cache before each prompt and decode test (llama-bench's `-d`, "depth"): how fast a long
+    /// conversation runs. Prefilled once, untimed; each test starts from them.
+    pub depth: usize,
     pub repetitions: usize,
     pub threads: usize,
     /// Row counts for the batch curve (empty = skip).
@@ -73,22 +76,26 @@ pub fn bench(engine: &Engine, p: &BenchParams, mut progress: impl FnMut(&str)) -
     let prompt = bench_tokens(engine, p.prompt_tokens.max(1));
     let decode = bench_tokens(engine, p.decode_tokens.max(1) + 1);
     let max_curve = p.batch_curve.iter().copied().max().unwrap_or(0);
-    let ctx = (p.prompt_tokens.max(p.decode_tokens + 1)).max(64 + max_curve) + 1;
+    let ctx = (p.depth + p.prompt_tokens.max(p.decode_tokens + 1)).max(64 + max_curve) + 1;
     let mut kv = m.new_cache(ctx);
     let mut ws = Workspace::new(p.threads);
     let mut hidden = Vec::new();
     let mut runs = Vec::new();
     // The steady state: the head screen (if the model uses one) is built now, not during a timed run.
     m.warm_head_screen(p.threads);
+    if p.depth > 0 {
+        progress(&format!("filling the cache with {} tokens of context (untimed)", p.depth));
+        m.forward(&bench_tokens(engine, p.depth), &mut kv, &mut ws, &mut hidden, Logits::None)?;
+    }
     for rep in 0..=p.repetitions {
         // Prompt processing: one batch, logits for the last row (as llama-bench).
-        kv.clear();
+        kv.truncate(p.depth);
         let t = Instant::now();
         m.forward(&prompt, &mut kv, &mut ws, &mut hidden, Logits::Last)?;
         let pp = prompt.len() as f64 / t.elapsed().as_secs_f64();
         // Decode: single tokens, each step's greedy token as `generate` computes it (the head screen, exact;
         // `SPECEE_HEAD_SCREEN=0` computes the full logits instead).
-        kv.clear();
+        kv.truncate(p.depth);
         m.forward_argmax(&decode[..1], &mut kv, &mut ws, &mut hidden)?;
         let t = Instant::now();
         for &tok in &decode[1..] {

@@ -1,5 +1,5 @@
-//! `specee bench -m PATH [-t N] [-p P] [-n N] [-r R] [--batch-curve] [--llama-cpp] [--json]`: prompt and decode
-//! speed (median, min, max over R runs), optionally the multi-row batch curve and llama.cpp measured side by
+//! `specee bench -m PATH [-t N] [-p P] [-n N] [-d D] [-r R] [--batch-curve] [--llama-cpp] [--json]`: prompt and
+//! decode speed (median, min, max over R runs; after D tokens of context with `-d`, as llama-bench's `-d`), optionally the multi-row batch curve and llama.cpp measured side by
 //! side in the same run with the ratio: its own `llama-bench` (built once from the `llama-cpp-python` source
 //! archive by `scripts/build_llama_cpp.sh`), or with `--llama-cpp-binding` the Python package itself.
 //!
@@ -32,6 +32,10 @@ pub struct Args {
     /// Tokens for the decode test.
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub gen: usize,
+    /// Tokens of context already in the cache before each prompt and decode test (llama-bench's `-d`): speed
+    /// deep into a conversation, where attention reads the whole cache every token.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0, conflicts_with = "prompts")]
+    pub depth: usize,
     /// Repetitions (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
@@ -90,7 +94,10 @@ fn figures(v: &Value, key: &str) -> Vec<f64> {
 fn llama_cpp(a: &Args, path: &str, threads: usize, prompt: &[u32], decode: &[u32]) -> anyhow::Result<LlamaCpp> {
     let reps = a.reps.max(1);
     if !a.llama_cpp_binding {
-        return llama_bench(path, threads, reps, prompt.len(), decode.len().saturating_sub(1).max(1));
+        return llama_bench(path, threads, reps, [prompt.len(), decode.len().saturating_sub(1).max(1), a.depth]);
+    }
+    if a.depth > 0 {
+        anyhow::bail!("--n-depth is measured on llama.cpp's side by llama-bench, not by --llama-cpp-binding");
     }
     // The binding's script always times a prompt too: one token when only decoding is wanted, its figure dropped.
     let v = llama_cpp_binding(path, threads, reps, if prompt.is_empty() { &decode[..1] } else { prompt }, decode)?;
@@ -139,12 +146,14 @@ impl LlamaCppTools {
 }
 
 /// Runs `llama-bench -p P -n N -r R -t T -o json` (P = 0: decode only) and keeps its per-repetition figures.
-fn llama_bench(path: &str, threads: usize, reps: usize, n_prompt: usize, n_gen: usize) -> anyhow::Result<LlamaCpp> {
+/// llama-bench's figures: `n_prompt` / `n_gen` tokens after `depth` tokens of context.
+fn llama_bench(path: &str, threads: usize, reps: usize, n: [usize; 3]) -> anyhow::Result<LlamaCpp> {
+    let [n_prompt, n_gen, depth] = n;
     let tools = LlamaCppTools::build()?;
     let bench = tools.path("LLAMA_BENCH")?;
     let out = Command::new(bench)
         .args(["-m", path, "-t", &threads.to_string(), "-r", &reps.to_string(), "-o", "json"])
-        .args(["-p", &n_prompt.to_string(), "-n", &n_gen.to_string()])
+        .args(["-p", &n_prompt.to_string(), "-n", &n_gen.to_string(), "-d", &depth.to_string()])
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run {bench}: {e}"))?;
     if !out.status.success() {
@@ -261,6 +270,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let p = BenchParams {
         prompt_tokens: a.prompt,
         decode_tokens: a.gen,
+        depth: a.depth,
         repetitions: a.reps.max(1),
         threads,
         batch_curve: if a.batch_curve { vec![1, 2, 4, 8, 16] } else { Vec::new() },
@@ -279,6 +289,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "isa": kernels::detected_isa(),
         "n_prompt": a.prompt,
         "n_gen": a.gen,
+        "n_depth": a.depth,
         "prompt_tokens_per_s": median(&pp),
         "decode_tokens_per_s": median(&tg),
         "prompt": stats(&pp),
@@ -308,7 +319,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             v["max"].as_f64().unwrap_or(0.0)
         )
     };
-    println!("| engine | threads | pp{} tok/s (min–max) | tg{} tok/s (min–max) |", a.prompt, a.gen);
+    let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
+    println!("| engine | threads | pp{}{at} tok/s (min–max) | tg{}{at} tok/s (min–max) |", a.prompt, a.gen);
     println!("| --- | --- | --- | --- |");
     println!(
         "| specee ({}) | {threads} | {} | {} |",
