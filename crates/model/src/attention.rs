@@ -1143,7 +1143,7 @@ mod tests {
                         }
                     }
                 }
-                for nr in [1, 2, 7, 8, 9, 33, 100] {
+                for nr in [1, 2, 7, 8, 9, 33, 64, 65, 100, 130, 257] {
                     let scores: Vec<f32> = (0..nr).map(|_| next() * 20.0).collect();
                     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
                     let (mut w, mut got) = (scores.clone(), scores);

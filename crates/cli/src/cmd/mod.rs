@@ -104,7 +104,7 @@ pub fn manifest(engine: &engine::Engine, model_path: &Path, data: &[&Path]) -> a
     let mut hashes = Vec::new();
     for path in data {
         let sha = engine::identity::sha256_file(path).with_context(|| format!("reading {}", path.display()))?;
-        hashes.push(format!("{sha}  {}", path.display()));
+        hashes.push(format!("{sha}  {}", shown(path)));
     }
     let mut manifest = identity.to_metadata();
     manifest.extend([
@@ -114,6 +114,21 @@ pub fn manifest(engine: &engine::Engine, model_path: &Path, data: &[&Path]) -> a
         ("specee_version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
     ]);
     Ok(manifest)
+}
+
+/// `path` as a manifest records it: relative to the current folder when it lies inside it (the shipped files'
+/// defaults resolve to absolute paths of the machine that trained them, which say nothing elsewhere), else as
+/// given.
+pub fn shown(path: &Path) -> String {
+    let here = std::env::current_dir().ok().and_then(|d| d.canonicalize().ok());
+    let full = path.canonicalize().ok();
+    match (here, full) {
+        (Some(here), Some(full)) => match full.strip_prefix(&here) {
+            Ok(rel) if path.is_absolute() => rel.display().to_string(),
+            _ => path.display().to_string(),
+        },
+        _ => path.display().to_string(),
+    }
 }
 
 /// Whether stderr is a terminal (progress bars draw there; elsewhere, in a log, long jobs print a line now and
@@ -473,4 +488,19 @@ pub fn generate_with(
             (g, RunStats::Merged(s))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// A manifest names a file inside the current folder relatively, whether given absolute or relative, and
+    /// anything else as given.
+    #[test]
+    fn manifests_show_paths_inside_the_current_folder_relatively() {
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(super::shown(&here.join("Cargo.toml")), "Cargo.toml");
+        assert_eq!(super::shown(&here.join("src").join("..").join("Cargo.toml")), "Cargo.toml");
+        assert_eq!(super::shown(std::path::Path::new("Cargo.toml")), "Cargo.toml");
+        assert_eq!(super::shown(std::path::Path::new("/")), "/");
+        assert_eq!(super::shown(std::path::Path::new("/no/such/file")), "/no/such/file");
+    }
 }

@@ -166,7 +166,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     predictors.metadata.extend(manifest(&engine, &model_path, &[a.data.as_path(), head_path.as_path()])?);
     predictors.metadata.extend([
         ("train_data".to_string(), a.data.display().to_string()),
-        ("draft_head".to_string(), head_path.display().to_string()),
+        ("draft_head".to_string(), super::shown(&head_path)),
         ("traced_tokens".to_string(), data.len().to_string()),
         ("train_seconds".to_string(), format!("{:.0}", train_s)),
         ("seed".to_string(), a.seed.to_string()),
