@@ -363,6 +363,41 @@ impl ValueRows<'_> {
         let start = self.slots[r] as usize * self.stride + self.offset;
         &self.vc[start..start + len]
     }
+
+    /// Where row `r` starts, without bounds checks: for the vector kernels, after [`check_weigh`].
+    #[cfg(target_arch = "x86_64")]
+    fn base(&self) -> impl Fn(usize) -> *const u16 + '_ {
+        // SAFETY (of each call): `r` is below the row count [`check_weigh`] checked against the cache.
+        move |r| unsafe { self.vc.as_ptr().add(self.offset + *self.slots.get_unchecked(r) as usize * self.stride) }
+    }
+}
+
+/// Checks a multi-query weigh's arguments once — `h` queries, each with as many weights as there are rows and an
+/// output of the same width, every row inside the cache — so that the vector kernels read rows without bounds
+/// checks. Returns (output width, rows).
+#[cfg(target_arch = "x86_64")]
+fn check_weigh(h: usize, ws: &[&[f32]], rows: &ValueRows, outs: &[&mut [f32]], invs: &[f32]) -> (usize, usize) {
+    assert!(ws.len() == h && outs.len() == h && invs.len() == h);
+    let (len, nr) = (outs[0].len(), ws[0].len());
+    assert!(outs.iter().all(|o| o.len() == len) && ws.iter().all(|w| w.len() == nr));
+    assert!(nr <= rows.slots.len());
+    assert!(rows.slots[..nr].iter().all(|&s| s as usize * rows.stride + rows.offset + len <= rows.vc.len()));
+    (len, nr)
+}
+
+/// The elements from `c0` on of every query's weighed values, by the portable code: the vector kernels' tail.
+#[cfg(target_arch = "x86_64")]
+fn weigh_tail(c0: usize, ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
+    let len = outs.first().map_or(0, |o| o.len());
+    if c0 >= len {
+        return;
+    }
+    let shifted = ValueRows { vc: rows.vc, slots: rows.slots, stride: rows.stride, offset: rows.offset + c0 };
+    for ((w, out), &inv) in ws.iter().zip(outs.iter_mut()).zip(invs) {
+        let mut tail = vec![0f32; len - c0];
+        weigh(w, &shifted, &mut tail, inv);
+        out[c0..].copy_from_slice(&tail);
+    }
 }
 
 /// How many keys ahead of the eight being dotted their successors are prefetched: the cache is read once per
@@ -733,15 +768,8 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn weigh_h<const H: usize>(ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
-        assert!(ws.len() == H && outs.len() == H && invs.len() == H);
-        let len = outs[0].len();
-        let nr = ws[0].len();
-        assert!(outs.iter().all(|o| o.len() == len) && ws.iter().all(|w| w.len() == nr));
-        // Every row checked once, then read without bounds checks in the loops below.
-        assert!(nr <= rows.slots.len());
-        assert!(rows.slots[..nr].iter().all(|&s| s as usize * rows.stride + rows.offset + len <= rows.vc.len()));
-        let (vp, slots) = (rows.vc.as_ptr().add(rows.offset), rows.slots.as_ptr());
-        let base = |r: usize| vp.add(*slots.add(r) as usize * rows.stride);
+        let (len, nr) = super::check_weigh(H, ws, rows, outs, invs);
+        let base = rows.base();
         let wp: [*const f32; H] = std::array::from_fn(|i| ws[i].as_ptr());
         let mut c0 = 0;
         macro_rules! block {
@@ -789,14 +817,7 @@ mod avx2 {
         while c0 + 8 <= len {
             block!(1);
         }
-        if c0 < len {
-            let shifted = ValueRows { vc: rows.vc, slots: rows.slots, stride: rows.stride, offset: rows.offset + c0 };
-            for h in 0..H {
-                let mut tail = vec![0f32; len - c0];
-                super::weigh(ws[h], &shifted, &mut tail, invs[h]);
-                outs[h][c0..].copy_from_slice(&tail);
-            }
-        }
+        super::weigh_tail(c0, ws, rows, outs, invs);
     }
 }
 
@@ -894,15 +915,8 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     #[inline]
     unsafe fn weigh_h<const H: usize>(ws: &[&[f32]], rows: &ValueRows, outs: &mut [&mut [f32]], invs: &[f32]) {
-        assert!(ws.len() == H && outs.len() == H && invs.len() == H);
-        let len = outs[0].len();
-        let nr = ws[0].len();
-        assert!(outs.iter().all(|o| o.len() == len) && ws.iter().all(|w| w.len() == nr));
-        // Every row checked once, then read without bounds checks in the loops below.
-        assert!(nr <= rows.slots.len());
-        assert!(rows.slots[..nr].iter().all(|&s| s as usize * rows.stride + rows.offset + len <= rows.vc.len()));
-        let (vp, slots) = (rows.vc.as_ptr().add(rows.offset), rows.slots.as_ptr());
-        let base = |r: usize| vp.add(*slots.add(r) as usize * rows.stride);
+        let (len, nr) = super::check_weigh(H, ws, rows, outs, invs);
+        let base = rows.base();
         let wp: [*const f32; H] = std::array::from_fn(|i| ws[i].as_ptr());
         let mut c0 = 0;
         macro_rules! block {
@@ -963,14 +977,7 @@ mod avx512 {
         while c0 + 16 <= len {
             block!(1);
         }
-        if c0 < len {
-            let shifted = ValueRows { vc: rows.vc, slots: rows.slots, stride: rows.stride, offset: rows.offset + c0 };
-            for h in 0..H {
-                let mut tail = vec![0f32; len - c0];
-                super::weigh(ws[h], &shifted, &mut tail, invs[h]);
-                outs[h][c0..].copy_from_slice(&tail);
-            }
-        }
+        super::weigh_tail(c0, ws, rows, outs, invs);
     }
 }
 
