@@ -84,6 +84,7 @@ impl KvCache {
     pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32], positions: &[u32]) {
         use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
         let (cap, nh, hd, hdv) = (self.capacity, self.n_head_kv, self.head_dim, self.head_dim_v);
+        debug_assert!(k.len() == positions.len() * nh * hd && v.len() == positions.len() * nh * hdv);
         let l = &mut self.layers[layer];
         let base = l.len;
         // Exact: the values are f16 values. The slice conversions use F16C where the CPU has it.

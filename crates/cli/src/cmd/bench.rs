@@ -1,7 +1,8 @@
 //! `specee bench -m PATH [-t N] [-p P] [-n N] [-d D] [-r R] [--batch-curve] [--llama-cpp] [--json]`: prompt and
-//! decode speed (median, min, max over R runs; after D tokens of context with `-d`, as llama-bench's `-d`), optionally the multi-row batch curve and llama.cpp measured side by
-//! side in the same run with the ratio: its own `llama-bench` (built once from the `llama-cpp-python` source
-//! archive by `scripts/build_llama_cpp.sh`), or with `--llama-cpp-binding` the Python package itself.
+//! decode speed (median, min, max over R runs; after D tokens of context with `-d`, as llama-bench's `-d`),
+//! optionally the multi-row batch curve and llama.cpp measured side by side in the same run with the ratio: its
+//! own `llama-bench` (built once from the `llama-cpp-python` source archive by `scripts/build_llama_cpp.sh`), or
+//! with `--llama-cpp-binding` the Python package itself.
 //!
 //! `specee bench --mode eagle|ngram|specee|specee-eagle|dense --prompts FILE.jsonl [-n N]`: decodes N tokens (greedy, stopping
 //! at end of generation) after every prompt of the file (`{"prompt": "..."}` raw, or `{"messages": [...]}`
