@@ -533,33 +533,6 @@ mod avx2 {
         sum
     }
 
-    /// [`dot`] of one query `q` with eight keys, bit-identical to eight calls: the same lane accumulators (four
-    /// keys at a time, two registers each), then the eight reductions at once ([`reduce8`]), then the same scalar
-    /// tail.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    pub(super) unsafe fn dot8(q: &[f32], ks: [&[u16]; 8]) -> [f32; 8] {
-        let len = ks.iter().fold(q.len(), |m, k| m.min(k.len()));
-        let chunks = len / 16;
-        let mut v = [_mm256_setzero_ps(); 8];
-        for half in 0..2 {
-            let ks = &ks[4 * half..4 * half + 4];
-            let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
-            for c in 0..chunks {
-                let (xl, xh) = (_mm256_loadu_ps(q.as_ptr().add(16 * c)), _mm256_loadu_ps(q.as_ptr().add(16 * c + 8)));
-                for i in 0..4 {
-                    let kp = ks[i].as_ptr().add(16 * c);
-                    lo[i] = _mm256_fmadd_ps(xl, load_f16x8(kp), lo[i]);
-                    hi[i] = _mm256_fmadd_ps(xh, load_f16x8(kp.add(8)), hi[i]);
-                }
-            }
-            for i in 0..4 {
-                v[4 * half + i] = _mm256_add_ps(lo[i], hi[i]);
-            }
-        }
-        finish8(q, &ks, chunks * 16, reduce8(v))
-    }
-
     /// Lane sums of eight registers, each from the left (lane 0 + lane 1 + …): an 8 × 8 transpose, then the
     /// transposed rows added in order.
     #[target_feature(enable = "avx2")]
@@ -699,15 +672,17 @@ mod avx2 {
         }
     }
 
-    /// [`dot8`] for each of a task's queries, bit-identical to one [`dot8`] per query: each key chunk is loaded
-    /// and converted once for all of them (until session 64 the AVX2 path converted every key once per query).
+    /// [`super::dot`] of each of a task's queries with eight keys, bit-identical to one call per query and key:
+    /// the lane accumulators of [`dot`] (two registers per query and key), then the eight reductions of a query at
+    /// once ([`reduce8`]), then the same scalar tail. Each key chunk is loaded and converted once for all the
+    /// queries (until session 64 the AVX2 path converted every key once per query).
     /// `KG` keys at a time, so that the `2 · H · KG` accumulators and the two converted halves of a key fit in
     /// sixteen registers (the queries are read as memory operands of the multiply-adds).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(super) unsafe fn dot8_multi(qs: &super::Queries, ks: [&[u16]; 8], out: &mut [[f32; 8]; super::MAX_HPT]) {
         match qs.len {
-            1 => out[0] = dot8(qs.q[0], ks),
+            1 => dot8_h::<1, 4>(qs, ks, out),
             2 => dot8_h::<2, 2>(qs, ks, out),
             3 => dot8_h::<3, 2>(qs, ks, out),
             _ => dot8_h::<4, 1>(qs, ks, out),
@@ -856,8 +831,8 @@ mod avx512 {
         _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))))
     }
 
-    /// [`super::avx2::dot8`] for each of the task's queries: each key chunk is loaded and converted once for all
-    /// of them, one 16-lane register per (query, key) accumulates as the portable code does, and the lanes are
+    /// [`super::avx2::dot8_multi`] with 512-bit registers: each key chunk is loaded and converted once for all
+    /// the queries, one 16-lane register per (query, key) accumulates as the portable code does, and the lanes are
     /// reduced by the same transpose.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     #[inline]
@@ -1129,12 +1104,11 @@ mod tests {
             for len in [64, 72, 29, 8, 256, 40, 16, 136, 200] {
                 let q: Vec<f32> = (0..len).map(|_| next()).collect();
                 let keys: Vec<Vec<u16>> = (0..8).map(|_| (0..len).map(|_| f16(next() * 1e3)).collect()).collect();
-                // SAFETY: the CPU has avx2, fma and f16c (checked above).
-                let got = unsafe { avx2::dot8(&q, std::array::from_fn(|i| &keys[i][..])) };
-                for (g, k) in got.iter().zip(&keys) {
+                // The one-key AVX2 dot product (the scalar tails of a task) equals the portable one.
+                for k in &keys {
+                    // SAFETY: the CPU has avx2, fma and f16c (checked above).
                     let one = unsafe { avx2::dot(&q, k) };
-                    assert_eq!(g.to_bits(), one.to_bits(), "len {len}: {g} vs {one}");
-                    assert_eq!(g.to_bits(), dot(&q, k).to_bits(), "len {len}");
+                    assert_eq!(one.to_bits(), dot(&q, k).to_bits(), "len {len}");
                 }
                 // Up to MAX_HPT queries at once (the first is `q`), each as the portable code computes it.
                 let more: Vec<Vec<f32>> = (0..MAX_HPT).map(|_| (0..len).map(|_| next()).collect()).collect();

@@ -29,8 +29,6 @@ pub struct LayerCache {
 #[derive(Clone, Debug)]
 pub struct KvCache {
     capacity: usize,
-    kv_dim: usize,
-    kv_dim_v: usize,
     /// KV heads, and the width of one head's key and value.
     n_head_kv: usize,
     head_dim: usize,
@@ -49,8 +47,7 @@ impl KvCache {
     /// An empty cache holding up to `capacity` tokens per layer. Memory is reserved lazily by the OS
     /// (zeroed allocations), so a large capacity costs only what is used.
     pub fn new(config: &Config, capacity: usize) -> KvCache {
-        let kv_dim = config.kv_dim();
-        let kv_dim_v = config.n_head_kv * config.head_dim_v;
+        let (kv_dim, kv_dim_v) = (config.kv_dim(), config.n_head_kv * config.head_dim_v);
         let layers = (0..config.n_layers)
             .map(|_| LayerCache {
                 k: vec![0; capacity * kv_dim],
@@ -61,8 +58,6 @@ impl KvCache {
             .collect();
         KvCache {
             capacity,
-            kv_dim,
-            kv_dim_v,
             n_head_kv: config.n_head_kv,
             head_dim: config.head_dim,
             head_dim_v: config.head_dim_v,
@@ -189,8 +184,8 @@ impl KvCache {
             .layers
             .iter()
             .map(|l| {
-                let mut k = vec![0; capacity * self.kv_dim];
-                let mut v = vec![0; capacity * self.kv_dim_v];
+                let mut k = vec![0; capacity * nh * hd];
+                let mut v = vec![0; capacity * nh * hdv];
                 let mut pos = vec![0; capacity];
                 for h in 0..nh {
                     k[h * capacity * hd..][..len * hd].copy_from_slice(&l.k[h * old * hd..][..len * hd]);
@@ -205,7 +200,7 @@ impl KvCache {
 
     /// Bytes one slot takes over all layers (keys, values and position).
     pub fn bytes_per_slot(&self) -> usize {
-        self.layers.len() * ((self.kv_dim + self.kv_dim_v) * 2 + 4)
+        self.layers.len() * (self.n_head_kv * (self.head_dim + self.head_dim_v) * 2 + 4)
     }
 
     /// Checks that `n` more slots fit in `layer`.
