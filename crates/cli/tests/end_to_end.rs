@@ -328,6 +328,16 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     let gen_ids =
         |o: &std::process::Output| ids(&serde_json::from_str::<Value>(stdout(o).trim()).unwrap()["generated_ids"]);
     assert_eq!(gen_ids(&eagle), gen_ids(&dense));
+    // A second head trained on the first one's caches (`--cache`) collects nothing and writes no caches of its own.
+    let second = dir.join("h2.safetensors");
+    let mut v = args("1");
+    let at = v.iter().position(|s| s == out_s).unwrap();
+    v[at] = second.to_str().unwrap().to_string();
+    v.extend(["--cache".to_string(), out_s.to_string()]);
+    let o = run(v);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o).matches("using cached").count(), 3, "{}", stderr(&o));
+    assert!(second.exists() && !dir.join("h2.heldout-data.safetensors").exists(), "{}", stderr(&o));
     // A datastore from the same caches (`h.datastore.safetensors` shares `h.safetensors`'s), drafted from in the
     // eagle and ngram modes, still lossless.
     let store = dir.join("h.datastore.safetensors");

@@ -5,7 +5,8 @@
 //! First it collects the training data by running the model over the records (its own greedy answers to the
 //! chat prompts, its reading of the texts), cached beside the output per record file as
 //! `HEAD.train-data.<file stem>.safetensors` and `HEAD.heldout-data.safetensors` (reused on a rerun, so adding a
-//! record file later collects only the new one; `--epochs 0` stops there). Each cache is keyed by the model, the
+//! record file later collects only the new one; `--epochs 0` stops there; `--cache OTHER` reads and writes
+//! `OTHER.…` instead, e.g. another head's data). Each cache is keyed by the model, the
 //! records' content and the collection options ([`train::cache`]): one made from anything else is rebuilt, with
 //! a line saying why, unless `--reuse-cache`. Then it trains on all of them joined,
 //! printing loss and held-out acceptance per epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a
@@ -36,6 +37,11 @@ pub struct Args {
     /// Output head file (safetensors, F16).
     #[arg(long)]
     pub out: PathBuf,
+    /// Where the collected data is cached: `CACHE.train-data.<file stem>.safetensors` per record file and
+    /// `CACHE.heldout-data.safetensors` (default: --out, so that a rerun finds them). Name another head's --out
+    /// to train a second head on the data collected for the first.
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
     /// Draft vocabulary size (the most frequent tokens of the training data).
     #[arg(long, default_value_t = 4096)]
     pub vocab: usize,
@@ -185,11 +191,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("--lr must be positive and --lr-end between 0 and 1 (a fraction of --lr)");
     }
     // One cache per record file, named by its stem: two record files of one name would share (and corrupt) one.
+    let cache_base = a.cache.as_ref().unwrap_or(&a.out);
     let caches: Vec<PathBuf> = a
         .data
         .iter()
         .map(|p| {
-            sibling(&a.out, &format!("train-data.{}.safetensors", p.file_stem().unwrap_or_default().to_string_lossy()))
+            let stem = p.file_stem().unwrap_or_default().to_string_lossy();
+            sibling(cache_base, &format!("train-data.{stem}.safetensors"))
         })
         .collect();
     if let Some(i) = (1..caches.len()).find(|&i| caches[..i].contains(&caches[i])) {
@@ -216,7 +224,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let data = collect_cached(&engine, path, &cache, opts, a.collect.limit)?;
         train_data.append(&with_aux(&engine, data, &cache, &fuse_layers, opts.threads)?)?;
     }
-    let heldout_cache = sibling(&a.out, "heldout-data.safetensors");
+    let heldout_cache = sibling(cache_base, "heldout-data.safetensors");
     let heldout_key = a.collect.key(&model_path, &a.heldout, 0)?;
     let heldout_cache = Cached { path: &heldout_cache, key: &heldout_key, reuse };
     let heldout = collect_cached(&engine, &a.heldout, &heldout_cache, opts, 0)?;
