@@ -2,8 +2,7 @@
 //! steps, each with the greedy head), both after `D` tokens already in the cache (llama-bench's `-d`: 0 by
 //! default, a fresh cache), repeated `R` times after one warm-up; and the **batch curve** — the cost of one
 //! forward of `k` rows with head logits for all `k` rows, relative to `k = 1`, which decides whether draft trees
-//! can pay. Also the prompt files that comparisons of
-//! decoding modes run over ([`read_prompts`]).
+//! can pay. Also the prompt files that comparisons of decoding modes run over ([`read_prompts`]).
 
 use crate::error::EngineError;
 use crate::session::Engine;

@@ -120,15 +120,15 @@ pub fn manifest(engine: &engine::Engine, model_path: &Path, data: &[&Path]) -> a
 /// defaults resolve to absolute paths of the machine that trained them, which say nothing elsewhere), else as
 /// given.
 pub fn shown(path: &Path) -> String {
-    let here = std::env::current_dir().ok().and_then(|d| d.canonicalize().ok());
-    let full = path.canonicalize().ok();
-    match (here, full) {
-        (Some(here), Some(full)) => match full.strip_prefix(&here) {
-            Ok(rel) if path.is_absolute() => rel.display().to_string(),
-            _ => path.display().to_string(),
-        },
-        _ => path.display().to_string(),
+    if path.is_absolute() {
+        let here = std::env::current_dir().and_then(|d| d.canonicalize());
+        if let (Ok(here), Ok(full)) = (here, path.canonicalize()) {
+            if let Ok(rel) = full.strip_prefix(&here) {
+                return rel.display().to_string();
+            }
+        }
     }
+    path.display().to_string()
 }
 
 /// Whether stderr is a terminal (progress bars draw there; elsewhere, in a log, long jobs print a line now and

@@ -913,12 +913,12 @@ unsafe fn q4_x8_tokens<const MIN: bool, const FIVE: bool, const UNPACKED: bool, 
         }
         if UNPACKED {
             q4_x8_scale::<MIN, FIVE, G>(blk, &isum, d0.add(b), s0.add(b), nb, &mut acc);
-            continue;
+        } else {
+            if b > 0 {
+                q4_x8_scale::<MIN, FIVE, G>(grp.add((b - 1) * xb), &prev, d0.add(b - 1), s0.add(b - 1), nb, &mut acc);
+            }
+            prev = isum;
         }
-        if b > 0 {
-            q4_x8_scale::<MIN, FIVE, G>(grp.add((b - 1) * xb), &prev, d0.add(b - 1), s0.add(b - 1), nb, &mut acc);
-        }
-        prev = isum;
     }
     if !UNPACKED {
         q4_x8_scale::<MIN, FIVE, G>(grp.add((nb - 1) * xb), &prev, d0.add(nb - 1), s0.add(nb - 1), nb, &mut acc);
