@@ -224,14 +224,16 @@ impl AnyProposer {
         }
     }
 
-    /// An EAGLE proposer with `head`, tree sizes `tree` (default: [`EagleProposer::default_tree`]) and the
-    /// default prompt-lookup chain ([`EagleProposer::DEFAULT_LOOKUP`]), falling back on `datastore`.
+    /// An EAGLE proposer with `head`, tree sizes `tree` (default: the head's own, [`DraftHead::tree`], else
+    /// [`EagleProposer::default_tree`]) and the default prompt-lookup chain ([`EagleProposer::DEFAULT_LOOKUP`]),
+    /// falling back on `datastore`.
     pub fn eagle(
         head: impl Into<std::sync::Arc<DraftHead>>,
         tree: Option<TreeConfig>,
         datastore: Option<std::sync::Arc<Datastore>>,
     ) -> AnyProposer {
-        let tree = tree.unwrap_or_else(EagleProposer::default_tree);
+        let head = head.into();
+        let tree = EagleProposer::tree_for(&head, tree);
         let mut proposer = EagleProposer::new(head, tree).with_lookup(EagleProposer::DEFAULT_LOOKUP);
         proposer.lookup = std::mem::take(&mut proposer.lookup).with_datastore(datastore);
         AnyProposer::Eagle(Box::new(proposer))

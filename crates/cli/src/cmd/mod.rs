@@ -299,18 +299,7 @@ pub struct ModeArgs {
 }
 
 fn parse_tree(s: &str) -> Result<decode::speculative::TreeConfig, String> {
-    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
-    let count = |x: &str| x.parse::<usize>().map_err(|_| format!("bad number `{x}`"));
-    match parts[..] {
-        [d, k, b] | [d, k, b, _] => {
-            let min_prob = match parts.get(3) {
-                None => 0.0,
-                Some(p) => probability(p).map_err(|e| format!("MIN_PROB: {e}"))?,
-            };
-            Ok(decode::speculative::TreeConfig { depth: count(d)?, top_k: count(k)?, budget: count(b)?, min_prob })
-        }
-        _ => Err("expected DEPTH,TOP_K,BUDGET[,MIN_PROB]".into()),
-    }
+    s.parse()
 }
 
 /// A finite number (NaN or ±∞ would turn every probability into NaN).

@@ -64,6 +64,8 @@ pub enum DraftHeadError {
     FuseLayerRange { layer: usize, n_layers: usize },
     #[error("draft head format `{0}` is not `{FORMAT}`")]
     UnknownFormat(String),
+    #[error("draft head metadata `tree` is `{value}`: {why}")]
+    BadTree { value: String, why: String },
 }
 
 /// A weight matrix owned by the head, in a kernel type.
@@ -109,6 +111,11 @@ pub struct DraftHead {
     pub d2t: Vec<u32>,
     /// Metadata of the file.
     pub metadata: HashMap<String, String>,
+    /// The draft tree this head drafts best with on its model (metadata `tree`, `DEPTH,TOP_K,BUDGET,MIN_PROB`,
+    /// measured when it was shipped): `--mode eagle` uses it unless `--tree` is given; `None`:
+    /// [`EagleProposer::default_tree`]. How far a head can draft with profit depends on how often it is right and
+    /// on what a verified row costs its model, so the choice travels with the head (`specee inspect --set tree=…`).
+    pub tree: Option<TreeConfig>,
     rms_eps: f32,
     emb_norm: Vec<f32>,
     fc: OwnedMatrix,
@@ -220,6 +227,12 @@ impl DraftHead {
             })
             .collect::<Result<Vec<u32>, _>>()?;
         let rms_eps = metadata.get("rms_eps").and_then(|v| v.parse().ok()).unwrap_or(1e-5);
+        let tree = match metadata.get("tree") {
+            None => None,
+            Some(value) => {
+                Some(value.parse::<TreeConfig>().map_err(|why| DraftHeadError::BadTree { value: value.clone(), why })?)
+            }
+        };
         let fuse = match st.tensor("fuse.weight") {
             Err(_) => None,
             Ok(view) => {
@@ -254,6 +267,7 @@ impl DraftHead {
             down: OwnedMatrix::from_f32(&tensor_shaped(&st, "mlp.down_proj.weight", &[d, f])?, d, f),
             lm_head: OwnedMatrix::from_f32(&lm_head, n, d),
             metadata,
+            tree,
             fuse,
         })
     }
@@ -450,6 +464,12 @@ impl EagleProposer {
     /// Retune with `--tree` when heads or the multi-row path improve.
     pub fn default_tree() -> TreeConfig {
         TreeConfig { depth: 2, top_k: 1, budget: 2, min_prob: 0.4 }
+    }
+
+    /// The tree `head` drafts with: `asked` (`--tree`) if given, else the head's own ([`DraftHead::tree`]), else
+    /// [`EagleProposer::default_tree`].
+    pub fn tree_for(head: &DraftHead, asked: Option<TreeConfig>) -> TreeConfig {
+        asked.or(head.tree).unwrap_or_else(EagleProposer::default_tree)
     }
 }
 
@@ -778,6 +798,37 @@ pub(crate) mod tests {
             .collect();
         let relabelled = safetensors::serialize(views, Some(st_meta)).unwrap();
         assert!(matches!(DraftHead::from_bytes(&relabelled), Err(DraftHeadError::FuseLayers { tensors: 2, .. })));
+    }
+
+    #[test]
+    fn a_head_carries_its_tree_and_an_asked_tree_overrides_it() {
+        let bytes = random_head_bytes(64, 32, 16, 7);
+        let plain = DraftHead::from_bytes(&bytes).unwrap();
+        assert_eq!(plain.tree, None);
+        let asked = TreeConfig { depth: 3, top_k: 2, budget: 4, min_prob: 0.1 };
+        assert_eq!(EagleProposer::tree_for(&plain, None), EagleProposer::default_tree());
+        assert_eq!(EagleProposer::tree_for(&plain, Some(asked)), asked);
+        let with_tree = |value: &str| {
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let mut meta =
+                safetensors::SafeTensors::read_metadata(&bytes).unwrap().1.metadata().clone().unwrap_or_default();
+            meta.insert("tree".into(), value.into());
+            let views: Vec<(String, TensorView<'_>)> = st
+                .tensors()
+                .into_iter()
+                .map(|(n, v)| (n, TensorView::new(v.dtype(), v.shape().to_vec(), v.data()).unwrap()))
+                .collect();
+            DraftHead::from_bytes(&safetensors::serialize(views, Some(meta)).unwrap())
+        };
+        let own = with_tree("6,1,6,0.4").unwrap();
+        let six = TreeConfig { depth: 6, top_k: 1, budget: 6, min_prob: 0.4 };
+        assert_eq!(own.tree, Some(six));
+        assert_eq!(EagleProposer::tree_for(&own, None), six);
+        assert_eq!(EagleProposer::tree_for(&own, Some(asked)), asked);
+        // A value that does not parse is refused when the head loads, naming it.
+        let err = with_tree("6,1").unwrap_err();
+        assert!(matches!(&err, DraftHeadError::BadTree { value, .. } if value == "6,1"), "{err}");
+        assert!(err.to_string().contains("expected DEPTH,TOP_K,BUDGET"), "{err}");
     }
 
     /// The head's `k` best next tokens after every node, computed from scratch along the node's path.

@@ -244,6 +244,37 @@ impl Default for TreeConfig {
     }
 }
 
+impl std::str::FromStr for TreeConfig {
+    type Err = String;
+
+    /// `DEPTH,TOP_K,BUDGET[,MIN_PROB]` (`--tree`, and a draft head's recommended tree in its metadata); a missing
+    /// MIN_PROB is 0. The error says which part is wrong.
+    fn from_str(s: &str) -> Result<TreeConfig, String> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let count = |x: &str| x.parse::<usize>().map_err(|_| format!("bad number `{x}`"));
+        match parts[..] {
+            [d, k, b] | [d, k, b, _] => {
+                let min_prob = match parts.get(3) {
+                    None => 0.0,
+                    Some(p) => match p.parse::<f32>() {
+                        Ok(v) if (0.0..=1.0).contains(&v) => v,
+                        _ => return Err(format!("MIN_PROB: expected a probability in [0, 1], got `{p}`")),
+                    },
+                };
+                Ok(TreeConfig { depth: count(d)?, top_k: count(k)?, budget: count(b)?, min_prob })
+            }
+            _ => Err("expected DEPTH,TOP_K,BUDGET[,MIN_PROB]".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for TreeConfig {
+    /// The form [`TreeConfig::from_str`](std::str::FromStr) reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{},{},{},{}", self.depth, self.top_k, self.budget, self.min_prob)
+    }
+}
+
 /// Builds an EAGLE-2 dynamic tree under `tree`'s root (which it resets to that root first).
 ///
 /// `expand(pool, frontier, children)` is the draft model: for each node index in `frontier` (nodes of `pool`, a
@@ -338,6 +369,26 @@ fn select_best(pool: &DraftTree, budget: usize, out: &mut DraftTree, origin: &mu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tree_sizes_parse_and_print_back() {
+        let t: TreeConfig = "6,1,6,0.4".parse().unwrap();
+        assert_eq!(t, TreeConfig { depth: 6, top_k: 1, budget: 6, min_prob: 0.4 });
+        assert_eq!(t.to_string().parse::<TreeConfig>().unwrap(), t);
+        assert_eq!(
+            " 2, 1 ,2".parse::<TreeConfig>().unwrap(),
+            TreeConfig { depth: 2, top_k: 1, budget: 2, min_prob: 0.0 }
+        );
+        for (bad, why) in [
+            ("2,1", "expected DEPTH"),
+            ("2,x,2", "bad number `x`"),
+            ("2,1,2,1.5", "MIN_PROB"),
+            ("2,1,2,nan", "MIN_PROB"),
+        ] {
+            let err = bad.parse::<TreeConfig>().unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
 
     /// Root, two children (1, 2), a grandchild 3 under 2 and a great-grandchild 4 under 3.
     fn sample_tree() -> DraftTree {
