@@ -57,8 +57,9 @@ impl SpecEeSetup {
         SpecEeDecoder::new(&engine.model, capacity, threads, &self.head, &self.predictors, self.config)
     }
 
-    /// Default draft tree of `specee-eagle`: the same as `--mode eagle`'s (see
-    /// [`EagleProposer::default_tree`]).
+    /// Default draft tree of `specee-eagle`: [`EagleProposer::default_tree`], whatever tree the head carries
+    /// ([`decode::speculative::DraftHead::tree`], which `--mode eagle` uses): deeper chains were measured for
+    /// eagle only, and a forward stops early only when every node on the accepted path has settled.
     pub fn default_tree() -> TreeConfig {
         EagleProposer::default_tree()
     }

@@ -260,9 +260,10 @@ pub struct ModeArgs {
     /// also takes a published EAGLE-1/2/3 checkpoint folder (config.json + model.safetensors or pytorch_model.bin).
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tree as DEPTH,TOP_K,BUDGET[,MIN_PROB] (default for eagle and specee-eagle: 2,1,2,0.4, or 4,4,10 with
-    /// a published head; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is
-    /// lower (default 0: the budget alone decides).
+    /// Draft tree as DEPTH,TOP_K,BUDGET[,MIN_PROB] (default for eagle: the head's own tree, its metadata `tree`
+    /// (Qwen2.5-Coder's head: 6,1,6,0.4), else 2,1,2,0.4, or 4,4,10 with a published head; for specee-eagle:
+    /// 2,1,2,0.4; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is lower
+    /// (default 0: the budget alone decides).
     #[arg(long, value_parser = parse_tree)]
     pub tree: Option<decode::speculative::TreeConfig>,
     /// --mode eagle and specee-eagle: also draft the prompt-lookup chain (what followed the latest 2–4 tokens
