@@ -165,6 +165,9 @@ fn tensor_shaped(st: &safetensors::SafeTensors<'_>, name: &str, want: &[usize]) 
 }
 
 impl DraftHead {
+    /// The largest depth, top-k and budget a head file's `tree` may ask for (`--tree` itself is not bounded).
+    pub const MAX_TREE: (usize, usize, usize) = (32, 32, 256);
+
     /// Loads a head file.
     pub fn load(path: impl AsRef<Path>) -> Result<DraftHead, DraftHeadError> {
         let path = path.as_ref();
@@ -230,7 +233,16 @@ impl DraftHead {
         let tree = match metadata.get("tree") {
             None => None,
             Some(value) => {
-                Some(value.parse::<TreeConfig>().map_err(|why| DraftHeadError::BadTree { value: value.clone(), why })?)
+                let bad = |why: String| DraftHeadError::BadTree { value: value.clone(), why };
+                let tree = value.parse::<TreeConfig>().map_err(bad)?;
+                // A file is not to hang the decoder: a tree this large would take ages to draft and never pay.
+                let (depth, top_k, budget) = Self::MAX_TREE;
+                if tree.depth > depth || tree.top_k > top_k || tree.budget > budget {
+                    return Err(bad(format!(
+                        "at most depth {depth}, top-k {top_k} and budget {budget} in a head file"
+                    )));
+                }
+                Some(tree)
             }
         };
         let fuse = match st.tensor("fuse.weight") {
@@ -829,6 +841,12 @@ pub(crate) mod tests {
         let err = with_tree("6,1").unwrap_err();
         assert!(matches!(&err, DraftHeadError::BadTree { value, .. } if value == "6,1"), "{err}");
         assert!(err.to_string().contains("expected DEPTH,TOP_K,BUDGET"), "{err}");
+        // So is a tree too large to draft in reasonable time; the largest allowed one loads.
+        assert!(with_tree("32,32,256,0").is_ok());
+        for huge in ["1000000000,1,6", "6,33,6", "6,1,257"] {
+            let err = with_tree(huge).unwrap_err();
+            assert!(err.to_string().contains("at most depth 32"), "{huge}: {err}");
+        }
     }
 
     /// The head's `k` best next tokens after every node, computed from scratch along the node's path.
