@@ -264,7 +264,7 @@ pub struct ModeArgs {
     /// (Qwen2.5-Coder's head: 6,1,6,0.4), else 2,1,2,0.4, or 4,4,10 with a published head; for specee-eagle:
     /// 2,1,2,0.4; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is lower
     /// (default 0: the budget alone decides).
-    #[arg(long, value_parser = parse_tree)]
+    #[arg(long)]
     pub tree: Option<decode::speculative::TreeConfig>,
     /// --mode eagle and specee-eagle: also draft the prompt-lookup chain (what followed the latest 2–4 tokens
     /// earlier in the context) of N tokens, doubling up to 4N while each chain is accepted whole, merged into the
@@ -297,10 +297,6 @@ pub struct ModeArgs {
     /// --mode specee: evaluate only the offline layer set (no online scheduling).
     #[arg(long)]
     pub offline_only: bool,
-}
-
-fn parse_tree(s: &str) -> Result<decode::speculative::TreeConfig, String> {
-    s.parse()
 }
 
 /// A finite number (NaN or ±∞ would turn every probability into NaN).

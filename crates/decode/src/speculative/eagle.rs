@@ -164,6 +164,18 @@ fn tensor_shaped(st: &safetensors::SafeTensors<'_>, name: &str, want: &[usize]) 
     Ok(values)
 }
 
+/// A head file's `tree` metadata, bounded by [`DraftHead::MAX_TREE`]: a file is not to hang the decoder with a
+/// tree that would take ages to draft and never pay.
+fn head_tree(value: &str) -> Result<TreeConfig, DraftHeadError> {
+    let bad = |why: String| DraftHeadError::BadTree { value: value.to_string(), why };
+    let tree = value.parse::<TreeConfig>().map_err(bad)?;
+    let (depth, top_k, budget) = DraftHead::MAX_TREE;
+    if tree.depth > depth || tree.top_k > top_k || tree.budget > budget {
+        return Err(bad(format!("at most depth {depth}, top-k {top_k} and budget {budget} in a head file")));
+    }
+    Ok(tree)
+}
+
 impl DraftHead {
     /// The largest depth, top-k and budget a head file's `tree` may ask for (`--tree` itself is not bounded).
     pub const MAX_TREE: (usize, usize, usize) = (32, 32, 256);
@@ -230,21 +242,7 @@ impl DraftHead {
             })
             .collect::<Result<Vec<u32>, _>>()?;
         let rms_eps = metadata.get("rms_eps").and_then(|v| v.parse().ok()).unwrap_or(1e-5);
-        let tree = match metadata.get("tree") {
-            None => None,
-            Some(value) => {
-                let bad = |why: String| DraftHeadError::BadTree { value: value.clone(), why };
-                let tree = value.parse::<TreeConfig>().map_err(bad)?;
-                // A file is not to hang the decoder: a tree this large would take ages to draft and never pay.
-                let (depth, top_k, budget) = Self::MAX_TREE;
-                if tree.depth > depth || tree.top_k > top_k || tree.budget > budget {
-                    return Err(bad(format!(
-                        "at most depth {depth}, top-k {top_k} and budget {budget} in a head file"
-                    )));
-                }
-                Some(tree)
-            }
-        };
+        let tree = metadata.get("tree").map(|value| head_tree(value)).transpose()?;
         let fuse = match st.tensor("fuse.weight") {
             Err(_) => None,
             Ok(view) => {
