@@ -107,6 +107,8 @@ fn qwen_coder_by_name_generates_the_reference_chat_answer() {
     // Greedy without --mode runs eagle with the shipped head: the reference ids above are then eagle's.
     assert_eq!(got["mode"], "eagle", "{got}");
     assert!(got["speculative"]["acceptance_length"].as_f64().unwrap() > 1.0, "{got}");
+    // The tree the shipped head carries (its metadata `tree`), as the run used it.
+    assert_eq!(got["speculative"]["tree"], "6,1,6,0.4", "{got}");
 }
 
 fn perplexity(model: &std::path::Path) -> f64 {
@@ -190,6 +192,7 @@ fn generate_specee_eagle_reports_tree_and_exit_counters() {
     let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert!(!v["generated_ids"].as_array().unwrap().is_empty(), "{v}");
     assert!(v["speculative"]["acceptance_length"].as_f64().unwrap() >= 1.0, "{v}");
+    assert_eq!(v["speculative"]["tree"], "2,1,2,0.4", "specee-eagle's default tree: {v}");
     let layers = v["early_exit"]["avg_layers"].as_f64().unwrap();
     assert!(layers > 0.0 && layers <= 30.0, "{v}");
     let o = specee(

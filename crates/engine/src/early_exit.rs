@@ -64,9 +64,14 @@ impl SpecEeSetup {
         EagleProposer::default_tree()
     }
 
+    /// The tree sizes `specee-eagle` drafts with: `tree`, else [`SpecEeSetup::default_tree`].
+    pub fn merged_tree(&self) -> TreeConfig {
+        self.tree.unwrap_or_else(Self::default_tree)
+    }
+
     /// A `specee-eagle` decoder for `capacity` tokens (room for a draft tree included by the caller).
     pub fn merged_decoder<'m>(&'m self, engine: &'m Engine, capacity: usize, threads: usize) -> MergedDecoder<'m> {
-        let tree = self.tree.unwrap_or_else(Self::default_tree);
+        let tree = self.merged_tree();
         MergedDecoder::new(&engine.model, capacity, threads, self.head.clone(), tree, &self.predictors, self.config)
             .with_lookup(self.lookup)
             .with_datastore(self.datastore.clone())

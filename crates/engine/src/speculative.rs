@@ -239,6 +239,16 @@ impl AnyProposer {
         AnyProposer::Eagle(Box::new(proposer))
     }
 
+    /// The tree sizes this proposer drafts with (`--json`'s `speculative.tree`); none for [`AnyProposer::Dense`].
+    pub fn tree(&self) -> Option<TreeConfig> {
+        match self {
+            AnyProposer::Eagle(p) => Some(p.tree),
+            AnyProposer::Published(p) => Some(p.tree),
+            AnyProposer::Ngram(p) => Some(p.config.tree),
+            AnyProposer::Dense => None,
+        }
+    }
+
     /// Sets the lookup chain (its base length, 0: none, and datastore) of an `eagle` proposer, or the datastore
     /// of an `ngram` one.
     pub fn set_lookup(&mut self, base: usize, datastore: Option<std::sync::Arc<Datastore>>) {

@@ -11,7 +11,7 @@
 //! (tokens per target forward, bonus included) and the time shares of drafting and verifying; the lossy
 //! `specee` and `specee-eagle` report their agreement with dense (mean matching prefix, exact matches), average
 //! layers run (per token; per tree forward for `specee-eagle`), predictor calls and failed verifications per
-//! token, and τ for `specee-eagle`.
+//! token, and τ for `specee-eagle`; the tree modes also print the draft tree they ran (`tree` in `--json`).
 
 use super::{generate_with, ModeArgs, ModelArgs, RunStats};
 use engine::bench::{bench, bench_tokens, median, read_prompts, BenchParams};
@@ -379,9 +379,11 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
     let lossless = mode.is_lossless();
     let mut per_prompt = Vec::new();
     let mut dense_ids = Vec::new();
+    let mut tree = None;
     for (i, ids) in prompts.iter().enumerate() {
         let dense = eng.generate(ids, &params, ctx, threads, |_| true)?;
         let runner = a.mode.runner(&eng, &path)?;
+        tree = runner.tree();
         let (g, run_stats) = generate_with(&eng, runner, ids, &params, ctx, threads, |_| true)?;
         let st = run_stats.speculative().unwrap_or_default();
         match run_stats {
@@ -443,6 +445,7 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
         "draft_share": total.draft_time.as_secs_f64() / decode_share,
         "verify_share": total.verify_time.as_secs_f64() / decode_share,
         "identical_to_dense": identical,
+        "tree": tree.map(|t| t.to_string()),
         "per_prompt": per_prompt,
     });
     let exits: engine::early_exit::ExitSummary = match mode {
@@ -495,6 +498,9 @@ fn run_prompts(a: Args) -> anyhow::Result<()> {
             100.0 * out["draft_share"].as_f64().unwrap_or(0.0),
             identical
         );
+        if let Some(t) = tree {
+            println!("\ndraft tree {t} (depth, top-k, budget, least path probability)");
+        }
         if !lossless {
             println!(
                 "\nagreement with dense: mean matching prefix {:.1} tokens, {:.0}% of outputs identical; \

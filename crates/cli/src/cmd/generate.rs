@@ -145,22 +145,24 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         }
         true
     };
-    let (g, stats, cut) = match (&exit, &profile) {
+    let (g, stats, cut, tree) = match (&exit, &profile) {
         (engine::reasoning_exit::ReasoningExit::None, _) | (_, None) => {
             let runner = a.mode.runner(&eng, &model_path)?;
+            let tree = runner.tree();
             let (g, stats) = generate_with(&eng, runner, &ids, &params, a.ctx, a.model.threads(), on_text)?;
-            (g, stats, None)
+            (g, stats, None, tree)
         }
         (exit, Some(p)) => {
             anyhow::ensure!(a.logprobs.is_none(), "--logprobs does not combine with a reasoning exit");
             let proposer = a.mode.reasoning_proposer(&eng, &model_path)?;
+            let tree = proposer.tree();
             let threads = a.model.threads();
             let (g, r) = eng.generate_reasoning(&ids, &params, a.ctx, threads, proposer, p, exit, on_text)?;
             let stats = match mode {
                 engine::speculative::Mode::Dense => RunStats::Dense,
                 _ => RunStats::Speculative(r.speculative),
             };
-            (g, stats, Some(r))
+            (g, stats, Some(r), tree)
         }
     };
     drop(out);
@@ -193,6 +195,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                         "drafted_nodes": s.drafted_nodes,
                         "accepted_drafts": s.accepted_drafts,
                         "draft_share": s.draft_share(),
+                        "tree": tree.map(|t| t.to_string()),
                     }),
                     _ => serde_json::Value::Null,
                 },
@@ -283,12 +286,13 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         if let Some(s) = stats.speculative() {
             eprintln!(
                 "speculative: τ {:.2} tokens per target forward ({} forwards, {} of {} drafted tokens accepted), \
-                 {:.0}% of decode time drafting",
+                 {:.0}% of decode time drafting{}",
                 s.acceptance_length(),
                 s.target_forwards,
                 s.accepted_drafts,
                 s.drafted_nodes,
-                100.0 * s.draft_share()
+                100.0 * s.draft_share(),
+                tree.map_or(String::new(), |t| format!(", tree {t}"))
             );
         }
     }

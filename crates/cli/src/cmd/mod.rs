@@ -331,6 +331,17 @@ pub enum Runner {
     Merged(engine::early_exit::SpecEeSetup),
 }
 
+impl Runner {
+    /// The draft tree's sizes (`eagle`, `ngram`, `specee-eagle`); none for the modes without a tree.
+    pub fn tree(&self) -> Option<decode::speculative::TreeConfig> {
+        match self {
+            Runner::Speculative(p) => p.tree(),
+            Runner::Merged(setup) => Some(setup.merged_tree()),
+            Runner::Dense | Runner::Specee(_) => None,
+        }
+    }
+}
+
 /// The counters of the mode that ran.
 #[derive(Clone, Copy, Debug, Default)]
 pub enum RunStats {
