@@ -331,16 +331,30 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     let gen_ids =
         |o: &std::process::Output| ids(&serde_json::from_str::<Value>(stdout(o).trim()).unwrap()["generated_ids"]);
     assert_eq!(gen_ids(&eagle), gen_ids(&dense));
-    // A second head trained on the first one's caches (`--cache`) collects nothing and writes no caches of its own.
+    let tree = |o: &std::process::Output| {
+        serde_json::from_str::<Value>(stdout(o).trim()).unwrap()["speculative"]["tree"].as_str().map(String::from)
+    };
+    assert_eq!(tree(&eagle).as_deref(), Some("2,1,2,0.4"), "a head without a tree drafts the default one");
+    // A second head trained on the first one's caches (`--cache`) collects nothing and writes no caches of its own;
+    // `--tree` writes the tree it is to draft with into it, which eagle then runs (a too large one is refused first).
     let second = dir.join("h2.safetensors");
     let mut v = args("1");
     let at = v.iter().position(|s| s == out_s).unwrap();
     v[at] = second.to_str().unwrap().to_string();
     v.extend(["--cache".to_string(), out_s.to_string()]);
-    let o = run(v);
+    let o = run(v.iter().cloned().chain(["--tree".to_string(), "64,1,64".to_string()]).collect());
+    assert!(!o.status.success() && stderr(&o).contains("--tree 64,1,64,0: at most depth 32"), "{}", stderr(&o));
+    let o = run(v.into_iter().chain(["--tree".to_string(), "3,1,3,0.3".to_string()]).collect());
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o).matches("using cached").count(), 3, "{}", stderr(&o));
     assert!(second.exists() && !dir.join("h2.heldout-data.safetensors").exists(), "{}", stderr(&o));
+    let second_s = second.to_str().unwrap();
+    let eagle2 = specee(
+        &gen.iter().chain(&["--mode", "eagle", "--draft", second_s]).copied().collect::<Vec<_>>(),
+        Duration::from_secs(120),
+    );
+    assert!(eagle2.status.success(), "{}", stderr(&eagle2));
+    assert_eq!((gen_ids(&eagle2), tree(&eagle2).as_deref()), (gen_ids(&dense), Some("3,1,3,0.3")));
     // A datastore from the same caches (`h.datastore.safetensors` shares `h.safetensors`'s), drafted from in the
     // eagle and ngram modes, still lossless.
     let store = dir.join("h.datastore.safetensors");

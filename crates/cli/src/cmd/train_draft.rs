@@ -10,7 +10,8 @@
 //! records' content and the collection options ([`train::cache`]): one made from anything else is rebuilt, with
 //! a line saying why, unless `--reuse-cache`. Then it trains on all of them joined,
 //! printing loss and held-out acceptance per epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a
-//! rerun resumes. `scripts/draft_data.py` writes the record files.
+//! rerun resumes. `--tree` writes the tree the head is to draft with into it. `scripts/draft_data.py` writes the
+//! record files.
 //!
 //! `--design eagle3` trains an EAGLE-3-style head instead (`train::eagle3`: one attention layer over the whole
 //! context on three fused target layers, traced over the data once and cached beside it) and writes it as a
@@ -89,6 +90,12 @@ pub struct Args {
     /// its SHA-256 is recorded in the manifest with the data's.
     #[arg(long)]
     pub init: Option<PathBuf>,
+    /// The draft tree the head is to draft with, as DEPTH,TOP_K,BUDGET[,MIN_PROB]: written into its metadata
+    /// `tree`, which `--mode eagle` uses unless given `--tree` (an `mlp` head; default: none, so the decoder's
+    /// 2,1,2,0.4). Measure it first: `specee bench --mode eagle --tree T --prompts FILE` on prompts the head
+    /// is not evaluated on.
+    #[arg(long)]
+    pub tree: Option<decode::speculative::TreeConfig>,
     /// Attention heads of an `eagle3` head (default: the model's).
     #[arg(long)]
     pub heads: Option<usize>,
@@ -207,6 +214,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let eagle3 = a.design == "eagle3";
+    if let Some(tree) = &a.tree {
+        anyhow::ensure!(!eagle3, "--tree is written into an `mlp` head; an eagle3 head runs with eagle's --tree");
+        decode::speculative::DraftHead::check_tree(tree).map_err(|why| anyhow::anyhow!("--tree {tree}: {why}"))?;
+    }
     if let Some(init) = &a.init {
         anyhow::ensure!(!eagle3, "--init starts an `mlp` head from another; it does not apply to --design eagle3");
         anyhow::ensure!(init.is_file(), "--init {}: no such head file", init.display());
@@ -240,6 +251,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ("heldout_data".to_string(), a.heldout.display().to_string()),
         ("train_tokens".to_string(), train_data.tokens.len().to_string()),
     ]);
+    if let Some(tree) = a.tree {
+        metadata.insert("tree".to_string(), tree.to_string());
+    }
     let c = &engine.model.config;
     let report = if eagle3 {
         let eopts = train::eagle3::Eagle3Options {

@@ -169,16 +169,22 @@ fn tensor_shaped(st: &safetensors::SafeTensors<'_>, name: &str, want: &[usize]) 
 fn head_tree(value: &str) -> Result<TreeConfig, DraftHeadError> {
     let bad = |why: String| DraftHeadError::BadTree { value: value.to_string(), why };
     let tree = value.parse::<TreeConfig>().map_err(bad)?;
-    let (depth, top_k, budget) = DraftHead::MAX_TREE;
-    if tree.depth > depth || tree.top_k > top_k || tree.budget > budget {
-        return Err(bad(format!("at most depth {depth}, top-k {top_k} and budget {budget} in a head file")));
-    }
+    DraftHead::check_tree(&tree).map_err(bad)?;
     Ok(tree)
 }
 
 impl DraftHead {
     /// The largest depth, top-k and budget a head file's `tree` may ask for (`--tree` itself is not bounded).
     pub const MAX_TREE: (usize, usize, usize) = (32, 32, 256);
+
+    /// Whether `tree` may be written into a head file ([`DraftHead::MAX_TREE`]); the error says the bound.
+    pub fn check_tree(tree: &TreeConfig) -> Result<(), String> {
+        let (depth, top_k, budget) = DraftHead::MAX_TREE;
+        if tree.depth > depth || tree.top_k > top_k || tree.budget > budget {
+            return Err(format!("at most depth {depth}, top-k {top_k} and budget {budget} in a head file"));
+        }
+        Ok(())
+    }
 
     /// Loads a head file.
     pub fn load(path: impl AsRef<Path>) -> Result<DraftHead, DraftHeadError> {
