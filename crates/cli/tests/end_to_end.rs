@@ -355,6 +355,19 @@ fn train_draft_joins_record_files_and_collects_each_once() {
     );
     assert!(eagle2.status.success(), "{}", stderr(&eagle2));
     assert_eq!((gen_ids(&eagle2), tree(&eagle2).as_deref()), (gen_ids(&dense), Some("3,1,3,0.3")));
+    // A head fine-tuned from it (`--init`, no `--tree`) keeps its tree.
+    let third = dir.join("h3.safetensors");
+    let mut v = args("1");
+    let at = v.iter().position(|s| s == out_s).unwrap();
+    v[at] = third.to_str().unwrap().to_string();
+    v.extend(["--cache", out_s, "--init", second_s].map(String::from));
+    let o = run(v);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let eagle3 = specee(
+        &gen.iter().chain(&["--mode", "eagle", "--draft", third.to_str().unwrap()]).copied().collect::<Vec<_>>(),
+        Duration::from_secs(120),
+    );
+    assert_eq!((gen_ids(&eagle3), tree(&eagle3).as_deref()), (gen_ids(&dense), Some("3,1,3,0.3")), "{}", stderr(&o));
     // A datastore from the same caches (`h.datastore.safetensors` shares `h.safetensors`'s), drafted from in the
     // eagle and ngram modes, still lossless.
     let store = dir.join("h.datastore.safetensors");

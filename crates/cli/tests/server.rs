@@ -801,6 +801,7 @@ fn draft_trees_of_several_requests_share_the_batching_servers_forwards() {
         let v = ask(&chat_body(48));
         assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), generate_text(CHAT_PROMPT, 48, true, 2));
         assert_eq!(v["specee"]["mode"], "eagle", "{v}");
+        assert_eq!(v["specee"]["tree"], "2,1,2,0.4", "{v}");
         let tau = v["specee"]["acceptance_length"].as_f64().unwrap();
         assert!(tau > 1.0, "alone, it took one forward per token: {v}");
 
@@ -833,6 +834,8 @@ fn draft_trees_of_several_requests_share_the_batching_servers_forwards() {
         let second = ask(&other);
         let want_mode = if tree_rows == "1" { "dense" } else { "eagle" };
         assert_eq!(second["specee"]["mode"], want_mode, "--tree-rows {tree_rows}: {second}");
+        let want_tree = if want_mode == "dense" { Value::Null } else { json!("2,1,2,0.4") };
+        assert_eq!(second["specee"]["tree"], want_tree, "a dense answer names no tree: {second}");
         let text = second["choices"][0]["message"]["content"].as_str().unwrap();
         assert_eq!(text, generate_text(other_prompt, 24, true, 2));
         assert_eq!(first.join().unwrap(), generate_text(long_prompt, long, true, 2));
@@ -884,6 +887,8 @@ fn chat_page_in_a_real_browser_streams_the_greedy_answer_with_every_tokens_prove
         );
         assert_eq!(r.status, 200, "{r:?}");
         let api = r.json();
+        // The draft tree that ran (SmolLM2's head has none of its own: the default).
+        assert_eq!(api["specee"]["tree"], "2,1,2,0.4", "{mode}: {api}");
         let want = api["choices"][0]["message"]["content"].as_str().unwrap().to_string();
         let n = api["usage"]["completion_tokens"].as_u64().unwrap();
         let v = browser(&server, &["send", message, "--mode", mode, "--max-tokens", "40"]);
@@ -904,6 +909,7 @@ fn chat_page_in_a_real_browser_streams_the_greedy_answer_with_every_tokens_prove
             assert!(layers.iter().all(|&l| l == 30), "eagle runs every layer: {layers:?}");
         }
         assert!(v["stats"].as_str().unwrap().starts_with(mode), "{v}");
+        assert!(v["stats"].as_str().unwrap().contains(" · tree 2,1,2,0.4"), "{v}");
     }
     // Clients that do not ask get standard chunks.
     let r = server.post_json(

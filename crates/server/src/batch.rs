@@ -27,7 +27,7 @@ use crate::metrics::Observe;
 use crate::mode::{DecodeStats, Mode};
 use crate::request::GenerationRequest;
 use crate::scheduler::{panic_error, stream_piece, Event, Job, Shared};
-use decode::speculative::{DraftHead, FeatureSource, SpeculativeDecoder};
+use decode::speculative::{DraftHead, EagleProposer, FeatureSource, SpeculativeDecoder};
 use decode::Sampler;
 use decode::TokenConstraint;
 use engine::speculative::AnyProposer;
@@ -706,6 +706,7 @@ impl Batcher {
             let mode = if drafted > 0 { Mode::Eagle } else { Mode::Dense };
             if drafted > 0 {
                 stats.steps = forwards.min(stats.tokens);
+                stats.tree = self.draft.as_ref().map(|h| EagleProposer::tree_for(h, None));
             }
             shared.answer(&request, &events, mode, generation, stats, &holdback);
         }

@@ -430,7 +430,7 @@ mod tests {
             Mode::Dense,
             Outcome::Length,
             7,
-            DecodeStats { tokens: 4, layers: 120, steps: 4 },
+            DecodeStats { tokens: 4, layers: 120, steps: 4, tree: None },
             Some(12.0),
         );
         m.observe(Observe::FirstToken, 0.03);

@@ -117,7 +117,7 @@ impl ModeResources {
 
 /// Sums from which the metrics derive the average exit layer (`layers / tokens`) and the average acceptance
 /// length (`tokens / steps`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DecodeStats {
     /// Generated tokens.
     pub tokens: u64,
@@ -125,13 +125,15 @@ pub struct DecodeStats {
     pub layers: u64,
     /// Forward steps of the full model (verification passes for speculative modes).
     pub steps: u64,
+    /// The draft tree the tree modes drafted with (`None` for dense and `specee`).
+    pub tree: Option<decode::speculative::TreeConfig>,
 }
 
 impl DecodeStats {
     /// A dense generation: all layers for every token, one token per forward step.
     pub fn dense(generation: &Generation, n_layers: usize) -> DecodeStats {
         let tokens = generation.generated_ids.len() as u64;
-        DecodeStats { tokens, layers: tokens * n_layers as u64, steps: tokens }
+        DecodeStats { tokens, layers: tokens * n_layers as u64, steps: tokens, tree: None }
     }
 }
 

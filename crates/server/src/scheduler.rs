@@ -14,6 +14,7 @@ use crate::metrics::{Metrics, Observe, Outcome};
 use crate::mode::{DecodeStats, Mode, ModeResources};
 use crate::request::{GenerationRequest, PromptInput};
 use crate::wire::{CompletionTokensDetails, SpeceeInfo, Usage};
+use decode::speculative::EagleProposer;
 use engine::conversation::ChatDecoder;
 use engine::{Engine, EngineError, FinishReason, GenerateParams};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -292,6 +293,7 @@ impl Worker {
                 let mut stats = DecodeStats::dense(&g, n_layers);
                 if mode == Mode::Eagle {
                     stats.steps = turn.target_forwards as u64;
+                    stats.tree = self.resources.draft.as_ref().map(|h| EagleProposer::tree_for(h, None));
                 }
                 (g, stats)
             }
@@ -303,9 +305,11 @@ impl Worker {
             Mode::Eagle => {
                 let head = Arc::clone(self.resources.draft.as_ref().ok_or_else(|| unavailable(Mode::Eagle))?);
                 let proposer = engine::speculative::AnyProposer::eagle(head, None, self.resources.datastore.clone());
+                let tree = proposer.tree();
                 let (g, s) = engine.generate_speculative(&prompt_ids, &params, ctx, threads, proposer, on_text)?;
                 let tokens = g.generated_ids.len() as u64;
-                let stats = DecodeStats { tokens, layers: tokens * n_layers as u64, steps: s.target_forwards as u64 };
+                let stats =
+                    DecodeStats { tokens, layers: tokens * n_layers as u64, steps: s.target_forwards as u64, tree };
                 (g, stats)
             }
             Mode::Specee => {
@@ -314,7 +318,7 @@ impl Worker {
                 let tokens = g.generated_ids.len() as u64;
                 // Layers per decoded token, scaled to the generated tokens (the first comes from the prompt pass).
                 let layers = if s.tokens > 0 { s.layers as u64 * tokens / s.tokens as u64 } else { 0 };
-                (g, DecodeStats { tokens, layers, steps: tokens })
+                (g, DecodeStats { tokens, layers, steps: tokens, tree: None })
             }
             Mode::SpeceeEagle => {
                 let setup = self.resources.specee.as_ref().ok_or_else(|| unavailable(Mode::SpeceeEagle))?;
@@ -323,7 +327,7 @@ impl Worker {
                 // A tree forward runs all its rows to the same depth: each token committed by it counts that depth.
                 let forwards = s.speculative.target_forwards as u64;
                 let layers = (s.layers as u64 * tokens).checked_div(forwards).unwrap_or(0);
-                (g, DecodeStats { tokens, layers, steps: forwards })
+                (g, DecodeStats { tokens, layers, steps: forwards, tree: Some(setup.merged_tree()) })
             }
         };
         shared.answer(request, events, request.mode, generation, stats, &holdback);
@@ -535,6 +539,7 @@ impl Shared {
                 acceptance_length: ratio(stats.tokens, stats.steps),
                 layers_per_token: ratio(stats.layers, stats.tokens),
                 n_layers: self.n_layers,
+                tree: stats.tree.map(|t| t.to_string()),
             },
         };
         let _ = events.send(Event::Done(Box::new(finished)));

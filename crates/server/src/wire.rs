@@ -257,6 +257,10 @@ pub struct SpeceeInfo {
     /// Layers run per generated token (fewer than `n_layers` when tokens exit early).
     pub layers_per_token: f64,
     pub n_layers: usize,
+    /// The draft tree of the tree modes, `depth,top_k,budget,min_prob` as `--tree` takes it (absent for dense and
+    /// `specee`). With `--parallel` batching, trees beside other requests share the forward's row budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
 }
 
 /// How one answer token was made (`stream_options.include_specee`).

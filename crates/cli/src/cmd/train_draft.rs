@@ -10,8 +10,8 @@
 //! records' content and the collection options ([`train::cache`]): one made from anything else is rebuilt, with
 //! a line saying why, unless `--reuse-cache`. Then it trains on all of them joined,
 //! printing loss and held-out acceptance per epoch and checkpointing to `HEAD.ckpt.safetensors`, from which a
-//! rerun resumes. `--tree` writes the tree the head is to draft with into it. `scripts/draft_data.py` writes the
-//! record files.
+//! rerun resumes. `--tree` writes the tree the head is to draft with into it (a head fine-tuned with `--init`
+//! keeps its tree). `scripts/draft_data.py` writes the record files.
 //!
 //! `--design eagle3` trains an EAGLE-3-style head instead (`train::eagle3`: one attention layer over the whole
 //! context on three fused target layers, traced over the data once and cached beside it) and writes it as a
@@ -91,8 +91,8 @@ pub struct Args {
     #[arg(long)]
     pub init: Option<PathBuf>,
     /// The draft tree the head is to draft with, as DEPTH,TOP_K,BUDGET[,MIN_PROB]: written into its metadata
-    /// `tree`, which `--mode eagle` uses unless given `--tree` (an `mlp` head; default: none, so the decoder's
-    /// 2,1,2,0.4). Measure it first: `specee bench --mode eagle --tree T --prompts FILE` on prompts the head
+    /// `tree`, which `--mode eagle` uses unless given `--tree` (an `mlp` head; default: the `--init` head's tree,
+    /// else none, so the decoder's 2,1,2,0.4). Measure it first: `specee bench --mode eagle --tree T --prompts FILE` on prompts the head
     /// is not evaluated on.
     #[arg(long)]
     pub tree: Option<decode::speculative::TreeConfig>,
@@ -251,7 +251,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ("heldout_data".to_string(), a.heldout.display().to_string()),
         ("train_tokens".to_string(), train_data.tokens.len().to_string()),
     ]);
-    if let Some(tree) = a.tree {
+    // The tree: `--tree`, else a fine-tuned head keeps the tree its `--init` head drafted with.
+    let inherited = match (&a.tree, &a.init) {
+        (None, Some(init)) => {
+            decode::speculative::DraftHead::load(init).with_context(|| format!("--init {}", init.display()))?.tree
+        }
+        _ => None,
+    };
+    if let Some(tree) = a.tree.or(inherited) {
         metadata.insert("tree".to_string(), tree.to_string());
     }
     let c = &engine.model.config;
