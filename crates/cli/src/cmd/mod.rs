@@ -261,7 +261,7 @@ pub struct ModeArgs {
     #[arg(long)]
     pub draft: Option<PathBuf>,
     /// Draft tree as DEPTH,TOP_K,BUDGET[,MIN_PROB] (default for eagle: the head's own tree, its metadata `tree`
-    /// (Qwen2.5-Coder's head: 6,1,6,0.4), else 2,1,2,0.4, or 4,4,10 with a published head; for specee-eagle:
+    /// (Qwen2.5-Coder's head: 6,2,8,0.3), else 2,1,2,0.4, or 4,4,10 with a published head; for specee-eagle:
     /// 2,1,2,0.4; for ngram: 5,2,8). MIN_PROB drops the nodes whose path probability under the draft is lower
     /// (default 0: the budget alone decides).
     #[arg(long)]
