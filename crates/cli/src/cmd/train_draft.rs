@@ -92,8 +92,8 @@ pub struct Args {
     pub init: Option<PathBuf>,
     /// The draft tree the head is to draft with, as DEPTH,TOP_K,BUDGET[,MIN_PROB]: written into its metadata
     /// `tree`, which `--mode eagle` uses unless given `--tree` (an `mlp` head; default: the `--init` head's tree,
-    /// else none, so the decoder's 2,1,2,0.4). Measure it first: `specee bench --mode eagle --tree T --prompts FILE` on prompts the head
-    /// is not evaluated on.
+    /// else none, so the decoder's 2,1,2,0.4). Measure it first: `specee bench --mode eagle --tree T --prompts
+    /// FILE` on prompts the head is not evaluated on.
     #[arg(long)]
     pub tree: Option<decode::speculative::TreeConfig>,
     /// Attention heads of an `eagle3` head (default: the model's).
