@@ -27,7 +27,7 @@ use crate::metrics::Observe;
 use crate::mode::{DecodeStats, Mode};
 use crate::request::GenerationRequest;
 use crate::scheduler::{panic_error, stream_piece, Event, Job, Shared};
-use decode::speculative::{DraftHead, EagleProposer, FeatureSource, SpeculativeDecoder};
+use decode::speculative::{DraftHead, FeatureSource, SpeculativeDecoder, TreeConfig};
 use decode::Sampler;
 use decode::TokenConstraint;
 use engine::speculative::AnyProposer;
@@ -142,6 +142,8 @@ pub(crate) struct Batcher {
     /// batched forward does not keep).
     draft: Option<Arc<DraftHead>>,
     datastore: Option<Arc<decode::speculative::Datastore>>,
+    /// The tree the head drafts with, which answers that drafted name ([`crate::mode::ModeResources::eagle_tree`]).
+    tree: Option<TreeConfig>,
 }
 
 /// A request's speculative decoder; it holds the request's cache (and a one-thread workspace it does not use: the
@@ -224,7 +226,7 @@ impl Batcher {
         // `SPECEE_BATCH_TREES=0` keeps lone requests on dense rows too (to measure what the trees bring).
         let trees = !std::env::var("SPECEE_BATCH_TREES").is_ok_and(|v| v == "0");
         let draft = resources.draft.clone().filter(|h| trees && h.feature_source() == FeatureSource::FinalNorm);
-        Batcher { shared, config, draft, datastore: resources.datastore.clone() }
+        Batcher { shared, config, draft, datastore: resources.datastore.clone(), tree: resources.eagle_tree() }
     }
 
     /// Runs until the job channel closes and every admitted request is answered.
@@ -706,7 +708,7 @@ impl Batcher {
             let mode = if drafted > 0 { Mode::Eagle } else { Mode::Dense };
             if drafted > 0 {
                 stats.steps = forwards.min(stats.tokens);
-                stats.tree = self.draft.as_ref().map(|h| EagleProposer::tree_for(h, None));
+                stats.tree = self.tree;
             }
             shared.answer(&request, &events, mode, generation, stats, &holdback);
         }

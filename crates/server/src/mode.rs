@@ -87,6 +87,11 @@ impl std::fmt::Debug for ModeResources {
 }
 
 impl ModeResources {
+    /// The tree `eagle` requests draft with: the head's own, else the default (`None` without a head).
+    pub fn eagle_tree(&self) -> Option<decode::speculative::TreeConfig> {
+        self.draft.as_ref().map(|h| decode::speculative::EagleProposer::tree_for(h, None))
+    }
+
     /// The modes these resources can run (dense always).
     pub fn available(&self) -> Vec<Mode> {
         Mode::ALL

@@ -14,7 +14,6 @@ use crate::metrics::{Metrics, Observe, Outcome};
 use crate::mode::{DecodeStats, Mode, ModeResources};
 use crate::request::{GenerationRequest, PromptInput};
 use crate::wire::{CompletionTokensDetails, SpeceeInfo, Usage};
-use decode::speculative::EagleProposer;
 use engine::conversation::ChatDecoder;
 use engine::{Engine, EngineError, FinishReason, GenerateParams};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -293,7 +292,7 @@ impl Worker {
                 let mut stats = DecodeStats::dense(&g, n_layers);
                 if mode == Mode::Eagle {
                     stats.steps = turn.target_forwards as u64;
-                    stats.tree = self.resources.draft.as_ref().map(|h| EagleProposer::tree_for(h, None));
+                    stats.tree = self.resources.eagle_tree();
                 }
                 (g, stats)
             }
