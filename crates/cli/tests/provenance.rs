@@ -118,7 +118,7 @@ fn exit_traces_are_rebuilt_when_their_inputs_change() {
         "{\"text\": \"The quick brown fox jumps over the lazy dog.\"}\n{\"text\": \"Rivers run to the sea.\"}\n",
     );
     let out = dir.path("exit.safetensors");
-    let trace = dir.path("exit.perfect-trace.safetensors");
+    let trace = dir.path("exit.perfect-trace.recs.safetensors");
     let exit = |extra: &[&str]| {
         let base = ["train-exit", "-m", m, "--data", &records, "--out", &out, "--perfect-head", "-t", "2"];
         run(&base.iter().chain(extra).map(|s| s.to_string()).collect::<Vec<_>>())
@@ -140,6 +140,22 @@ fn exit_traces_are_rebuilt_when_their_inputs_change() {
     assert!(ok, "{err}");
     let (ok, err) = exit(&["--limit", "1", "--draft", &copy]);
     assert!(ok && err.contains(&format!("rebuilding {trace}: draft head changed ({copy})")), "{err}");
+    // A second record file is traced into its own cache; the first one's is used as it is.
+    let more = dir.write("more.jsonl", "{\"text\": \"Seven swans swam over the still lake at dawn.\"}\n");
+    let more_trace = dir.path("exit.perfect-trace.more.safetensors");
+    let (ok, err) = exit(&["--limit", "1", "--draft", &copy, "--data", &more]);
+    assert!(
+        ok && err.contains(&format!("using cached {trace}")) && !err.contains(&format!("using cached {more_trace}")),
+        "{err}"
+    );
+    assert!(std::path::Path::new(&more_trace).is_file(), "{err}");
+    let (ok, err) = exit(&["--limit", "1", "--draft", &copy, "--data", &more]);
+    assert!(ok && err.contains(&format!("using cached {more_trace}")), "{err}");
+    // Two files of one name would share a cache: refused before anything runs.
+    std::fs::create_dir_all(dir.path("sub")).unwrap();
+    let same = dir.write("sub/recs.jsonl", "{\"text\": \"Another file of the same name.\"}\n");
+    let (ok, err) = exit(&["--data", &same]);
+    assert!(!ok && err.contains("two --data files are named \"recs\""), "{err}");
 }
 
 fn shipped(name: &str) -> String {

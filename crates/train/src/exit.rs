@@ -102,6 +102,37 @@ impl ExitData {
         self.group[t].is_multiple_of(5)
     }
 
+    /// Appends `other` (a trace of another record file of the same model) after this one. Its record indices
+    /// (`group`) start at the next multiple of 5 past this trace's last record, so each file keeps its own
+    /// validation split (its every fifth record), as when it was traced alone.
+    pub fn append(&mut self, other: &ExitData) -> Result<(), TrainError> {
+        if self.is_empty() {
+            *self = other.clone();
+            return Ok(());
+        }
+        if other.is_empty() {
+            return Ok(());
+        }
+        if other.n_layers != self.n_layers || other.upd.is_empty() != self.upd.is_empty() {
+            return Err(TrainError::Format(format!(
+                "traces do not fit together: {} layers{} against {} layers{}",
+                self.n_layers,
+                if self.upd.is_empty() { " without layer updates" } else { "" },
+                other.n_layers,
+                if other.upd.is_empty() { " without layer updates" } else { "" },
+            )));
+        }
+        let next = self.group.iter().max().map_or(0, |&g| g + 1);
+        let offset = next.div_ceil(5) * 5;
+        self.s.extend_from_slice(&other.s);
+        self.upd.extend_from_slice(&other.upd);
+        self.cand.extend_from_slice(&other.cand);
+        self.cand_lp.extend_from_slice(&other.cand_lp);
+        self.target.extend_from_slice(&other.target);
+        self.group.extend(other.group.iter().map(|&g| g + offset));
+        Ok(())
+    }
+
     /// Writes the trace as safetensors, with the key of what it was traced from ([`crate::cache`]).
     pub fn save(&self, path: &Path, key: &crate::cache::CacheKey) -> Result<(), TrainError> {
         use safetensors::tensor::TensorView;
@@ -180,7 +211,7 @@ impl ExitData {
 /// early exit on the model whatever head gives the candidates.
 pub fn collect_exit(
     engine: &Engine,
-    head: DraftHead,
+    head: &DraftHead,
     records: &[Record],
     opts: CollectOptions,
     perfect_head: bool,
@@ -190,7 +221,7 @@ pub fn collect_exit(
     let n_layers = model.config.n_layers;
     let ctx = opts.max_input + opts.max_new + 8;
     let predictors = ExitPredictors::empty(n_layers);
-    let mut dec = SpecEeDecoder::new(model, ctx, opts.threads, &head, &predictors, SpecEeConfig::default());
+    let mut dec = SpecEeDecoder::new(model, ctx, opts.threads, head, &predictors, SpecEeConfig::default());
     let mut data = ExitData { n_layers, ..Default::default() };
     for (i, record) in records.iter().enumerate() {
         let (mut ids, chat) = match record {
@@ -830,6 +861,28 @@ mod tests {
             data.group.push((t / 8) as u32);
         }
         data
+    }
+
+    #[test]
+    fn appended_traces_keep_each_files_validation_split() {
+        let (a, b) = (synthetic(8 * 7, 6), synthetic(8 * 3, 6));
+        let mut joined = a.clone();
+        joined.append(&b).unwrap();
+        assert_eq!(joined.len(), a.len() + b.len());
+        // `a` has records 0..=6, so `b`'s start at 10: its record 0 stays validation, its record 1 does not.
+        assert_eq!(&joined.group[a.len()..a.len() + 9], &[10, 10, 10, 10, 10, 10, 10, 10, 11]);
+        let val = |d: &ExitData, r: std::ops::Range<usize>| r.filter(|&t| d.is_validation(t)).count();
+        assert_eq!(val(&joined, 0..a.len()), val(&a, 0..a.len()));
+        assert_eq!(val(&joined, a.len()..joined.len()), val(&b, 0..b.len()));
+        let at = a.len() * 6 * CANDIDATES;
+        assert_eq!(&joined.s[at..], &b.s[..]);
+        assert_eq!(joined.logits(a.len() + 3, 2), b.logits(3, 2));
+        assert_eq!(&joined.upd[a.len() * 6 * UPDATE_FEATURES..], &b.upd[..]);
+        let mut empty = ExitData::default();
+        empty.append(&b).unwrap();
+        assert_eq!(empty, b);
+        let mut other = synthetic(8, 5);
+        assert!(other.append(&b).is_err(), "traces of models with different depths must not join");
     }
 
     #[test]

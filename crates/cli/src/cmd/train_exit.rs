@@ -1,12 +1,14 @@
-//! `specee train-exit -m PATH --data RECORDS.jsonl --out EXIT.safetensors`: trains SpecEE's per-layer exit
-//! predictors for a model (see `train::exit` and `decode::specee`).
+//! `specee train-exit -m PATH --data RECORDS.jsonl [--data MORE.jsonl ...] --out EXIT.safetensors`: trains
+//! SpecEE's per-layer exit predictors for a model (see `train::exit` and `decode::specee`).
 //!
-//! It traces the model at full depth over the records (cached beside the output as `EXIT.trace.safetensors`,
-//! reused on a rerun made from the same model, records, draft head and options, rebuilt with a line saying why
-//! otherwise, unless `--reuse-cache`: [`train::cache`]), trains one MLP per layer printing validation precision/recall, simulates exits on the
-//! validation split to pick the unverified threshold and the offline layer set, and writes the predictor file
-//! plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`). Last it calibrates a temperature per layer
-//! for exit logits on training records (`--calibrate N`; see `train::exit::calibrate_temperatures`);
+//! It traces the model at full depth over each record file (cached beside the output as
+//! `EXIT.trace.<file stem>.safetensors`, reused on a rerun made from the same model, records, draft head and
+//! options, rebuilt with a line saying why otherwise, unless `--reuse-cache`: [`train::cache`]; so a long
+//! collection can be split into record files traced one run at a time), joins the traces (every fifth record of
+//! each file is validation), trains one MLP per layer printing validation precision/recall, simulates exits on
+//! the validation split to pick the unverified threshold and the offline layer set, and writes the predictor
+//! file plus a PNG bar chart of the exit layers (`EXIT.exit-layers.png`). Last it calibrates a temperature per
+//! layer for exit logits on training records (`--calibrate N`; see `train::exit::calibrate_temperatures`);
 //! `--calibrate-only` adds temperatures to an existing predictor file (`--out`) without tracing or training.
 
 use super::{manifest, sibling, CollectArgs, ModelArgs};
@@ -23,9 +25,10 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Records to trace (JSON lines: {"messages": [...]} answered greedily, or {"text": "..."} teacher-forced).
-    /// Every fifth record is held out for validation.
-    #[arg(long)]
-    pub data: PathBuf,
+    /// Repeat to join several files, each traced once into its own cache. Every fifth record of each file is
+    /// held out for validation.
+    #[arg(long, required = true)]
+    pub data: Vec<PathBuf>,
     /// Output predictor file (safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -51,8 +54,9 @@ pub struct Args {
     /// Simulated agreement with dense the unverified threshold must keep on the validation split.
     #[arg(long, default_value_t = 0.985)]
     pub target_agreement: f64,
-    /// Train on the records before this index only (0: all); validation stays every fifth record of all the
-    /// traced data, so caps can be compared on the same validation tokens.
+    /// Train on the records before this index only (0: all; with several files, an index into the joined
+    /// records, each file's starting at a multiple of 5 past the one before); validation stays every fifth record
+    /// of all the traced data, so caps can be compared on the same validation tokens.
     #[arg(long, default_value_t = 0)]
     pub train_records: usize,
     /// Training records (every fifth skipped: those are validation) to calibrate the exit temperatures on
@@ -66,7 +70,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub max_offline: usize,
     /// Only measure the ceiling of early exit with a perfect draft head: trace with each token's dense top-1
-    /// forced among the candidates (cached as `EXIT.perfect-trace.safetensors`), print what a perfect predictor
+    /// forced among the candidates (cached as `EXIT.perfect-trace.<file stem>.safetensors`), print what a perfect predictor
     /// would reach on it, and stop (no predictors are written).
     #[arg(long)]
     pub perfect_head: bool,
@@ -90,33 +94,50 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
     let head_path = a.draft.clone().unwrap_or_else(|| engine::speculative::default_head_path(&model_path));
-    let cache = sibling(&a.out, if a.perfect_head { "perfect-trace.safetensors" } else { "trace.safetensors" });
-    let key = a
-        .collect
-        .key(&model_path, &a.data, a.collect.limit)?
-        .file("draft head", &head_path)?
-        .option("--perfect-head", a.perfect_head);
+    let kind = if a.perfect_head { "perfect-trace" } else { "trace" };
+    let caches: Vec<PathBuf> = a
+        .data
+        .iter()
+        .map(|p| {
+            sibling(&a.out, &format!("{kind}.{}.safetensors", p.file_stem().unwrap_or_default().to_string_lossy()))
+        })
+        .collect();
+    if let Some(i) = (1..caches.len()).find(|&i| caches[..i].contains(&caches[i])) {
+        anyhow::bail!(
+            "two --data files are named {:?}: rename one (their traces are cached by file name)",
+            a.data[i].file_stem().unwrap_or_default()
+        );
+    }
     let start = std::time::Instant::now();
-    let data = if train::cache::check(&cache, &key, a.collect.reuse_cache)? {
-        ExitData::load(&cache).with_context(|| format!("reading {}", cache.display()))?
-    } else {
-        let mut records = read_records(&a.data)?;
-        if a.collect.limit > 0 {
-            records.truncate(a.collect.limit);
-        }
-        let opts = a.collect.options(a.model.threads());
-        let bar = train::progress_bar(true, records.len() as u64, &format!("tracing {}", a.data.display()));
-        let data = collect_exit(&engine, head, &records, opts, a.perfect_head, |done, tokens| {
-            bar.set_position(done as u64);
-            bar.set_message(format!("{tokens} tokens"));
-            if !super::console_is_terminal() && done % 50 == 0 {
-                eprintln!("traced {done}/{} records, {tokens} tokens", records.len());
+    let mut data = ExitData::default();
+    for (path, cache) in a.data.iter().zip(&caches) {
+        let key = a
+            .collect
+            .key(&model_path, path, a.collect.limit)?
+            .file("draft head", &head_path)?
+            .option("--perfect-head", a.perfect_head);
+        let part = if train::cache::check(cache, &key, a.collect.reuse_cache)? {
+            ExitData::load(cache).with_context(|| format!("reading {}", cache.display()))?
+        } else {
+            let mut records = read_records(path)?;
+            if a.collect.limit > 0 {
+                records.truncate(a.collect.limit);
             }
-        })?;
-        bar.finish_and_clear();
-        data.save(&cache, &key)?;
-        data
-    };
+            let opts = a.collect.options(a.model.threads());
+            let bar = train::progress_bar(true, records.len() as u64, &format!("tracing {}", path.display()));
+            let part = collect_exit(&engine, &head, &records, opts, a.perfect_head, |done, tokens| {
+                bar.set_position(done as u64);
+                bar.set_message(format!("{tokens} tokens"));
+                if !super::console_is_terminal() && done % 50 == 0 {
+                    eprintln!("traced {done}/{} records of {}, {tokens} tokens", records.len(), path.display());
+                }
+            })?;
+            bar.finish_and_clear();
+            part.save(cache, &key)?;
+            part
+        };
+        data.append(&part).with_context(|| format!("joining the trace of {}", path.display()))?;
+    }
     let trace_s = start.elapsed().as_secs_f64();
     let n_val = (0..data.len()).filter(|&t| data.is_validation(t)).count();
     let reachable = (0..data.len()).filter(|&t| data.reachable(t)).count();
@@ -163,9 +184,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // shallow layers through (SmolLM2: teacher-forced agreement 0.46–0.82 at 0.5, 0.997 at 0.95).
     predictors.threshold = chosen.threshold;
     predictors.threshold_unverified = chosen.threshold;
-    predictors.metadata.extend(manifest(&engine, &model_path, &[a.data.as_path(), head_path.as_path()])?);
+    let inputs: Vec<&std::path::Path> = a.data.iter().chain([&head_path]).map(PathBuf::as_path).collect();
+    predictors.metadata.extend(manifest(&engine, &model_path, &inputs)?);
     predictors.metadata.extend([
-        ("train_data".to_string(), a.data.display().to_string()),
+        ("train_data".to_string(), a.data.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
         ("draft_head".to_string(), super::shown(&head_path)),
         ("traced_tokens".to_string(), data.len().to_string()),
         ("train_seconds".to_string(), format!("{:.0}", train_s)),
@@ -189,15 +211,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sets `predictors.temperature` from the first `--calibrate` training-split records of `--data`.
+/// Sets `predictors.temperature` from the first `--calibrate` training-split records of the `--data` files (in
+/// order; each file's every fifth record is validation).
 fn calibrate(engine: &engine::Engine, a: &Args, predictors: &mut decode::specee::ExitPredictors) -> anyhow::Result<()> {
-    let records: Vec<_> = read_records(&a.data)?
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| i % 5 != 0)
-        .map(|(_, r)| r)
-        .take(a.calibrate.max(1))
-        .collect();
+    let mut records = Vec::new();
+    for path in &a.data {
+        let want = a.calibrate.max(1) - records.len();
+        records
+            .extend(read_records(path)?.into_iter().enumerate().filter(|(i, _)| i % 5 != 0).map(|(_, r)| r).take(want));
+        if records.len() >= a.calibrate.max(1) {
+            break;
+        }
+    }
     let bar = train::progress_bar(true, records.len() as u64, "calibrating exit temperatures");
     let t0 = std::time::Instant::now();
     let opts = a.collect.options(a.model.threads());
