@@ -158,6 +158,45 @@ fn exit_traces_are_rebuilt_when_their_inputs_change() {
     assert!(!ok && err.contains("two --data files are named \"recs\""), "{err}");
 }
 
+/// `train-exit --keep-states L` writes the normed state of every traced token after layers L.. beside the trace;
+/// a file whose states are missing is traced again although its trace is cached.
+#[test]
+fn exit_traces_keep_the_hidden_states_asked_for() {
+    let dir = Dir::new("exit-states");
+    let m = smollm2();
+    let m = m.to_str().unwrap();
+    // Six texts (every fifth record is validation), teacher-forced after their first 16 tokens.
+    let text: String = (0..6)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"Story {i}: the quick brown fox jumps over the lazy dog, then runs down the hill to \
+                 the river, where it drinks the cold water and sleeps.\"}}\n"
+            )
+        })
+        .collect();
+    let records = dir.write("recs.jsonl", &text);
+    let out = dir.path("exit.safetensors");
+    let states = dir.path("exit.states.recs.f16");
+    let exit = |extra: &[&str]| {
+        let base = ["train-exit", "-m", m, "--data", &records, "--out", &out, "--epochs", "1", "--calibrate", "0"];
+        run(&base.iter().chain(extra).chain(&["-t", "2"]).map(|s| s.to_string()).collect::<Vec<_>>())
+    };
+    let (ok, err) = exit(&["--keep-states", "28"]);
+    assert!(ok, "{err}");
+    let tokens: usize =
+        err.split(" tokens traced").next().and_then(|s| s.rsplit('\n').next()).unwrap().trim().parse().unwrap();
+    // SmolLM2: 30 layers, so layers 28 and 29, 576 values each, 2 bytes a value.
+    assert!(tokens > 0);
+    assert_eq!(std::fs::metadata(&states).unwrap().len() as usize, tokens * 2 * 576 * 2, "{err}");
+    std::fs::remove_file(&states).unwrap();
+    let (ok, err) = exit(&["--keep-states", "28"]);
+    assert!(ok && !err.contains("using cached") && Path::new(&states).is_file(), "{err}");
+    let (ok, err) = exit(&["--keep-states", "28"]);
+    assert!(ok && err.contains("using cached"), "{err}");
+    let (ok, err) = exit(&["--keep-states", "30"]);
+    assert!(!ok && err.contains("--keep-states 30: the model has layers 0..29"), "{err}");
+}
+
 fn shipped(name: &str) -> String {
     workspace_root().join("heads").join(name).to_str().unwrap().to_string()
 }

@@ -208,13 +208,16 @@ impl ExitData {
 /// teacher-forced after their first 16 tokens (at most `max_input` tokens). With `perfect_head` every record is
 /// traced twice, the second time with each step's dense top-1 forced among the candidates
 /// ([`SpecEeDecoder::force_candidate`]): the data of a perfect draft head, whose [`oracle`] is the ceiling of
-/// early exit on the model whatever head gives the candidates.
+/// early exit on the model whatever head gives the candidates. With `keep_states = Some((from, out))`, `out`
+/// receives the normed hidden state after every layer from `from` on of every traced token, in f16 (tokens ×
+/// layers × `n_embd`, in trace order; [`SpecEeDecoder::keep_states`]).
 pub fn collect_exit(
     engine: &Engine,
     head: &DraftHead,
     records: &[Record],
     opts: CollectOptions,
     perfect_head: bool,
+    keep_states: Option<(usize, &mut Vec<half::f16>)>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ExitData, TrainError> {
     let model = &engine.model;
@@ -223,6 +226,7 @@ pub fn collect_exit(
     let predictors = ExitPredictors::empty(n_layers);
     let mut dec = SpecEeDecoder::new(model, ctx, opts.threads, head, &predictors, SpecEeConfig::default());
     let mut data = ExitData { n_layers, ..Default::default() };
+    dec.keep_states(keep_states.as_ref().map(|(from, _)| *from));
     for (i, record) in records.iter().enumerate() {
         let (mut ids, chat) = match record {
             Record::Chat(messages) => (engine.tokenize_prompt(&crate::data::render_chat(engine, messages)?), true),
@@ -263,6 +267,9 @@ pub fn collect_exit(
             trace(&mut data, None)?;
         }
         progress(i + 1, data.len());
+    }
+    if let Some((_, states)) = keep_states {
+        *states = dec.take_states();
     }
     Ok(data)
 }

@@ -74,6 +74,13 @@ pub struct Args {
     /// would reach on it, and stop (no predictors are written).
     #[arg(long)]
     pub perfect_head: bool,
+    /// Also write the normed hidden state (the head's input) after every layer from this one on, for every traced
+    /// token, as `EXIT.states.<file stem>.f16` (raw little-endian f16, tokens × layers × n_embd, in the order of
+    /// the trace): data for studying predictors that read the hidden state (`scripts/exit_probe.py`). A file
+    /// whose states file is missing is traced again even when its trace is cached. Large: 1.8 KB per token and
+    /// layer on Qwen2.5-Coder.
+    #[arg(long, value_name = "FROM_LAYER")]
+    pub keep_states: Option<usize>,
     #[command(flatten)]
     pub collect: CollectArgs,
 }
@@ -94,6 +101,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
     let head_path = a.draft.clone().unwrap_or_else(|| engine::speculative::default_head_path(&model_path));
+    if let Some(from) = a.keep_states {
+        anyhow::ensure!(
+            !a.perfect_head,
+            "--keep-states keeps the states of a plain trace, not of --perfect-head's two"
+        );
+        let n = engine.model.config.n_layers;
+        anyhow::ensure!(from < n, "--keep-states {from}: the model has layers 0..{}", n - 1);
+    }
     let kind = if a.perfect_head { "perfect-trace" } else { "trace" };
     let caches: Vec<PathBuf> = a
         .data
@@ -116,7 +131,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .key(&model_path, path, a.collect.limit)?
             .file("draft head", &head_path)?
             .option("--perfect-head", a.perfect_head);
-        let part = if train::cache::check(cache, &key, a.collect.reuse_cache)? {
+        let states_file = a.keep_states.map(|_| {
+            sibling(&a.out, &format!("states.{}.f16", path.file_stem().unwrap_or_default().to_string_lossy()))
+        });
+        let states_missing = states_file.as_ref().is_some_and(|f| !f.is_file());
+        let part = if !states_missing && train::cache::check(cache, &key, a.collect.reuse_cache)? {
             ExitData::load(cache).with_context(|| format!("reading {}", cache.display()))?
         } else {
             let mut records = read_records(path)?;
@@ -125,7 +144,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             let opts = a.collect.options(a.model.threads());
             let bar = train::progress_bar(true, records.len() as u64, &format!("tracing {}", path.display()));
-            let part = collect_exit(&engine, &head, &records, opts, a.perfect_head, |done, tokens| {
+            let mut states = Vec::new();
+            let keep = a.keep_states.map(|from| (from, &mut states));
+            let part = collect_exit(&engine, &head, &records, opts, a.perfect_head, keep, |done, tokens| {
                 bar.set_position(done as u64);
                 bar.set_message(format!("{tokens} tokens"));
                 if !super::console_is_terminal() && done % 50 == 0 {
@@ -134,6 +155,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             })?;
             bar.finish_and_clear();
             part.save(cache, &key)?;
+            if let Some(f) = &states_file {
+                let bytes: Vec<u8> = states.iter().flat_map(|v| v.to_le_bytes()).collect();
+                std::fs::write(f, bytes).with_context(|| format!("writing {}", f.display()))?;
+                eprintln!("wrote {} ({:.0} MB)", f.display(), std::fs::metadata(f).map_or(0, |m| m.len()) as f64 / 1e6);
+            }
             part
         };
         data.append(&part).with_context(|| format!("joining the trace of {}", path.display()))?;

@@ -222,6 +222,10 @@ pub struct SpecEeDecoder<'m> {
     batch_pos: Vec<u32>,
     /// A token the next step's candidates must include ([`SpecEeDecoder::force_candidate`]).
     forced: Option<u32>,
+    /// Traced steps keep the normed state after every layer from this one on ([`SpecEeDecoder::keep_states`]).
+    keep_states_from: Option<usize>,
+    /// The kept states, in f16: per traced step, per kept layer, `n_embd` values.
+    kept_states: Vec<half::f16>,
 }
 
 impl<'m> SpecEeDecoder<'m> {
@@ -266,6 +270,8 @@ impl<'m> SpecEeDecoder<'m> {
             batch: Vec::new(),
             batch_pos: Vec::new(),
             forced: None,
+            keep_states_from: None,
+            kept_states: Vec::new(),
         }
     }
 
@@ -380,6 +386,18 @@ impl<'m> SpecEeDecoder<'m> {
             stats.full_heads += 1;
         };
         constrained_argmax(greedy, constraint, full, &mut self.logits).map_err(SpeculativeError::from)
+    }
+
+    /// Makes traced steps ([`SpecEeDecoder::step_trace`]) keep the normed hidden state (the head's input) after
+    /// every layer from `from_layer` on, in f16, for studying predictors that read it (`specee train-exit
+    /// --keep-states`); `None` stops keeping them.
+    pub fn keep_states(&mut self, from_layer: Option<usize>) {
+        self.keep_states_from = from_layer;
+    }
+
+    /// The states kept so far (per traced step, per kept layer, `n_embd` values), leaving none.
+    pub fn take_states(&mut self) -> Vec<half::f16> {
+        std::mem::take(&mut self.kept_states)
     }
 
     /// Runs `token` through every layer (dense greedy), appending the candidates' logits after every layer to
@@ -532,6 +550,9 @@ impl<'m> SpecEeDecoder<'m> {
                     model.head_rows(&self.normed, &cand, &mut s, &mut self.ws);
                     trace.extend_from_slice(&s);
                     updates.extend_from_slice(&update[..UPDATE_FEATURES]);
+                    if self.keep_states_from.is_some_and(|from| il >= from) {
+                        self.kept_states.extend(self.normed.iter().map(|&v| half::f16::from_f32(v)));
+                    }
                 }
                 Run::Exit { .. } => {
                     let Some(mlp) = mlp else { continue };
