@@ -70,8 +70,8 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub max_offline: usize,
     /// Only measure the ceiling of early exit with a perfect draft head: trace with each token's dense top-1
-    /// forced among the candidates (cached as `EXIT.perfect-trace.<file stem>.safetensors`), print what a perfect predictor
-    /// would reach on it, and stop (no predictors are written).
+    /// forced among the candidates (cached as `EXIT.perfect-trace.<file stem>.safetensors`), print what a perfect
+    /// predictor would reach on it, and stop (no predictors are written).
     #[arg(long)]
     pub perfect_head: bool,
     /// Also write the normed hidden state (the head's input) after every layer from this one on, for every traced
