@@ -193,6 +193,13 @@ fn exit_traces_keep_the_hidden_states_asked_for() {
     assert!(ok && !err.contains("using cached") && Path::new(&states).is_file(), "{err}");
     let (ok, err) = exit(&["--keep-states", "28"]);
     assert!(ok && err.contains("using cached"), "{err}");
+    // Other layers: the cached trace's states do not fit, so it is traced again (one layer now).
+    let (ok, err) = exit(&["--keep-states", "29"]);
+    assert!(ok && err.contains("exit.states.recs.f16 does not fit that trace (other layers or tokens)"), "{err}");
+    assert_eq!(std::fs::metadata(&states).unwrap().len() as usize, tokens * 576 * 2, "{err}");
+    // Traced again without --keep-states (another --limit): the old states no longer match and are removed.
+    let (ok, err) = exit(&["--limit", "5"]);
+    assert!(ok && !err.contains("using cached") && !Path::new(&states).exists(), "{err}");
     let (ok, err) = exit(&["--keep-states", "30"]);
     assert!(!ok && err.contains("--keep-states 30: the model has layers 0..29"), "{err}");
 }

@@ -77,8 +77,8 @@ pub struct Args {
     /// Also write the normed hidden state (the head's input) after every layer from this one on, for every traced
     /// token, as `EXIT.states.<file stem>.f16` (raw little-endian f16, tokens × layers × n_embd, in the order of
     /// the trace): data for studying predictors that read the hidden state (`scripts/exit_probe.py`). A file
-    /// whose states file is missing is traced again even when its trace is cached. Large: 1.8 KB per token and
-    /// layer on Qwen2.5-Coder.
+    /// whose states file is missing or does not fit its cached trace is traced again; tracing a file without
+    /// --keep-states removes its old states file. Large: 1.8 KB per token and layer on Qwen2.5-Coder.
     #[arg(long, value_name = "FROM_LAYER")]
     pub keep_states: Option<usize>,
     #[command(flatten)]
@@ -131,12 +131,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .key(&model_path, path, a.collect.limit)?
             .file("draft head", &head_path)?
             .option("--perfect-head", a.perfect_head);
-        let states_file = a.keep_states.map(|_| {
-            sibling(&a.out, &format!("states.{}.f16", path.file_stem().unwrap_or_default().to_string_lossy()))
+        let states_file =
+            sibling(&a.out, &format!("states.{}.f16", path.file_stem().unwrap_or_default().to_string_lossy()));
+        // With --keep-states a trace is traced again unless its states file is there and fits it (its tokens, the
+        // layers asked for): one written for other layers or for a trace since replaced does not.
+        let states_missing = a.keep_states.is_some() && !states_file.is_file();
+        let cached = if !states_missing && train::cache::check(cache, &key, a.collect.reuse_cache)? {
+            Some(ExitData::load(cache).with_context(|| format!("reading {}", cache.display()))?)
+        } else {
+            None
+        };
+        let (n_layers, d) = (engine.model.config.n_layers, engine.model.config.n_embd);
+        let cached = cached.filter(|part| {
+            let Some(from) = a.keep_states else { return true };
+            let want = (part.len() * (n_layers - from) * d * 2) as u64;
+            let fits = std::fs::metadata(&states_file).is_ok_and(|m| m.len() == want);
+            if !fits {
+                eprintln!("{} does not fit that trace (other layers or tokens): tracing again", states_file.display());
+            }
+            fits
         });
-        let states_missing = states_file.as_ref().is_some_and(|f| !f.is_file());
-        let part = if !states_missing && train::cache::check(cache, &key, a.collect.reuse_cache)? {
-            ExitData::load(cache).with_context(|| format!("reading {}", cache.display()))?
+        let part = if let Some(part) = cached {
+            part
         } else {
             let mut records = read_records(path)?;
             if a.collect.limit > 0 {
@@ -155,10 +171,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             })?;
             bar.finish_and_clear();
             part.save(cache, &key)?;
-            if let Some(f) = &states_file {
+            let f = &states_file;
+            if a.keep_states.is_some() {
                 let bytes: Vec<u8> = states.iter().flat_map(|v| v.to_le_bytes()).collect();
                 std::fs::write(f, bytes).with_context(|| format!("writing {}", f.display()))?;
                 eprintln!("wrote {} ({:.0} MB)", f.display(), std::fs::metadata(f).map_or(0, |m| m.len()) as f64 / 1e6);
+            } else if f.is_file() {
+                // States of the trace this one replaces would no longer match it.
+                std::fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
+                eprintln!("removed {} (written for the trace this one replaces)", f.display());
             }
             part
         };

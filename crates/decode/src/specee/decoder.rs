@@ -395,7 +395,8 @@ impl<'m> SpecEeDecoder<'m> {
         self.keep_states_from = from_layer;
     }
 
-    /// The states kept so far (per traced step, per kept layer, `n_embd` values), leaving none.
+    /// The states kept so far (per traced step, per kept layer, `n_embd` values; kept across
+    /// [`SpecEeDecoder::reset`], so one call after tracing many records), leaving none.
     pub fn take_states(&mut self) -> Vec<half::f16> {
         std::mem::take(&mut self.kept_states)
     }
