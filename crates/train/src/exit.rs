@@ -274,6 +274,18 @@ pub fn collect_exit(
     Ok(data)
 }
 
+/// Writes states kept by [`collect_exit`] as raw little-endian f16, streamed (a states file can be gigabytes: no
+/// second copy as bytes).
+pub fn save_states(path: &Path, states: &[half::f16]) -> Result<(), TrainError> {
+    use std::io::Write;
+    let io = |e| TrainError::Io(path.display().to_string(), e);
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    for v in states {
+        w.write_all(&v.to_le_bytes()).map_err(io)?;
+    }
+    w.flush().map_err(io)
+}
+
 /// Temperatures tried by [`calibrate_temperatures`]: 0.25 to 16, log-spaced (ratio 2^(1/8)).
 fn temperature_grid() -> Vec<f32> {
     (-16..=32).map(|k| 2f32.powf(k as f32 / 8.0)).collect()

@@ -149,6 +149,28 @@ pub fn sibling(out: &std::path::Path, suffix: &str) -> PathBuf {
     out.with_file_name(format!("{stem}.{suffix}"))
 }
 
+/// One file per record file beside `base` (`train-draft`'s data caches, `train-exit`'s traces and states):
+/// `BASE.<kind>.<record file stem>.<ext>`, named by stem so that a rerun finds them. Two record files of one stem
+/// would share (and corrupt) one file: refused.
+pub fn per_record_file(
+    base: &std::path::Path,
+    records: &[PathBuf],
+    kind: &str,
+    ext: &str,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let files: Vec<PathBuf> = records
+        .iter()
+        .map(|p| sibling(base, &format!("{kind}.{}.{ext}", p.file_stem().unwrap_or_default().to_string_lossy())))
+        .collect();
+    if let Some(i) = (1..files.len()).find(|&i| files[..i].contains(&files[i])) {
+        anyhow::bail!(
+            "two --data files are named {:?}: rename one (their caches are named by file name)",
+            records[i].file_stem().unwrap_or_default()
+        );
+    }
+    Ok(files)
+}
+
 /// How the reasoning is cut short (`generate`, `eval-reasoning`; see `engine::reasoning_exit`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ReasoningExitArgs {

@@ -17,7 +17,7 @@
 //! context on three fused target layers, traced over the data once and cached beside it) and writes it as a
 //! published EAGLE-3 checkpoint folder at `--out`, which `--mode eagle --draft DIR` runs.
 
-use super::{manifest, sibling, CollectArgs, ModelArgs};
+use super::{manifest, per_record_file, sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -197,22 +197,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(a.lr > 0.0 && (0.0..=1.0).contains(&a.lr_end)) {
         anyhow::bail!("--lr must be positive and --lr-end between 0 and 1 (a fraction of --lr)");
     }
-    // One cache per record file, named by its stem: two record files of one name would share (and corrupt) one.
     let cache_base = a.cache.as_ref().unwrap_or(&a.out);
-    let caches: Vec<PathBuf> = a
-        .data
-        .iter()
-        .map(|p| {
-            let stem = p.file_stem().unwrap_or_default().to_string_lossy();
-            sibling(cache_base, &format!("train-data.{stem}.safetensors"))
-        })
-        .collect();
-    if let Some(i) = (1..caches.len()).find(|&i| caches[..i].contains(&caches[i])) {
-        anyhow::bail!(
-            "two --data files are named {:?}: rename one (their caches are named by file name)",
-            a.data[i].file_stem().unwrap_or_default()
-        );
-    }
+    let caches = per_record_file(cache_base, &a.data, "train-data", "safetensors")?;
     let eagle3 = a.design == "eagle3";
     if let Some(tree) = &a.tree {
         anyhow::ensure!(!eagle3, "--tree is written into an `mlp` head; an eagle3 head runs with eagle's --tree");

@@ -11,7 +11,7 @@
 //! layer for exit logits on training records (`--calibrate N`; see `train::exit::calibrate_temperatures`);
 //! `--calibrate-only` adds temperatures to an existing predictor file (`--out`) without tracing or training.
 
-use super::{manifest, sibling, CollectArgs, ModelArgs};
+use super::{manifest, per_record_file, sibling, CollectArgs, ModelArgs};
 use anyhow::Context;
 use std::path::PathBuf;
 use train::data::read_records;
@@ -101,38 +101,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let head = engine::speculative::load_head(&engine, &model_path, a.draft.as_deref())?;
     let head_path = a.draft.clone().unwrap_or_else(|| engine::speculative::default_head_path(&model_path));
+    let (n_layers, d) = (engine.model.config.n_layers, engine.model.config.n_embd);
     if let Some(from) = a.keep_states {
         anyhow::ensure!(
             !a.perfect_head,
             "--keep-states keeps the states of a plain trace, not of --perfect-head's two"
         );
-        let n = engine.model.config.n_layers;
-        anyhow::ensure!(from < n, "--keep-states {from}: the model has layers 0..{}", n - 1);
+        anyhow::ensure!(from < n_layers, "--keep-states {from}: the model has layers 0..{}", n_layers - 1);
     }
     let kind = if a.perfect_head { "perfect-trace" } else { "trace" };
-    let caches: Vec<PathBuf> = a
-        .data
-        .iter()
-        .map(|p| {
-            sibling(&a.out, &format!("{kind}.{}.safetensors", p.file_stem().unwrap_or_default().to_string_lossy()))
-        })
-        .collect();
-    if let Some(i) = (1..caches.len()).find(|&i| caches[..i].contains(&caches[i])) {
-        anyhow::bail!(
-            "two --data files are named {:?}: rename one (their traces are cached by file name)",
-            a.data[i].file_stem().unwrap_or_default()
-        );
-    }
+    let caches = per_record_file(&a.out, &a.data, kind, "safetensors")?;
+    let states_files = per_record_file(&a.out, &a.data, "states", "f16")?;
     let start = std::time::Instant::now();
     let mut data = ExitData::default();
-    for (path, cache) in a.data.iter().zip(&caches) {
+    for ((path, cache), states_file) in a.data.iter().zip(&caches).zip(&states_files) {
         let key = a
             .collect
             .key(&model_path, path, a.collect.limit)?
             .file("draft head", &head_path)?
             .option("--perfect-head", a.perfect_head);
-        let states_file =
-            sibling(&a.out, &format!("states.{}.f16", path.file_stem().unwrap_or_default().to_string_lossy()));
         // With --keep-states a trace is traced again unless its states file is there and fits it (its tokens, the
         // layers asked for): one written for other layers or for a trace since replaced does not.
         let states_missing = a.keep_states.is_some() && !states_file.is_file();
@@ -141,11 +128,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         } else {
             None
         };
-        let (n_layers, d) = (engine.model.config.n_layers, engine.model.config.n_embd);
         let cached = cached.filter(|part| {
             let Some(from) = a.keep_states else { return true };
             let want = (part.len() * (n_layers - from) * d * 2) as u64;
-            let fits = std::fs::metadata(&states_file).is_ok_and(|m| m.len() == want);
+            let fits = std::fs::metadata(states_file).is_ok_and(|m| m.len() == want);
             if !fits {
                 eprintln!("{} does not fit that trace (other layers or tokens): tracing again", states_file.display());
             }
@@ -171,10 +157,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             })?;
             bar.finish_and_clear();
             part.save(cache, &key)?;
-            let f = &states_file;
+            let f = states_file;
             if a.keep_states.is_some() {
-                let bytes: Vec<u8> = states.iter().flat_map(|v| v.to_le_bytes()).collect();
-                std::fs::write(f, bytes).with_context(|| format!("writing {}", f.display()))?;
+                train::exit::save_states(f, &states).with_context(|| format!("writing {}", f.display()))?;
                 eprintln!("wrote {} ({:.0} MB)", f.display(), std::fs::metadata(f).map_or(0, |m| m.len()) as f64 / 1e6);
             } else if f.is_file() {
                 // States of the trace this one replaces would no longer match it.
@@ -224,7 +209,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "chosen: unverified threshold {:.3} (agreement {:.4}, {:.2} layers); offline layers {:?}",
         chosen.threshold, chosen.agreement, chosen.avg_layers, schedule.offline
     );
-    let mut predictors = decode::specee::ExitPredictors::empty(engine.model.config.n_layers);
+    let mut predictors = decode::specee::ExitPredictors::empty(n_layers);
     predictors.layers = layers;
     predictors.schedule = schedule;
     // Verified exits (`--verify full`) use the same threshold: the published 0.5 let the full head's top-1 at
@@ -261,12 +246,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 /// Sets `predictors.temperature` from the first `--calibrate` training-split records of the `--data` files (in
 /// order; each file's every fifth record is validation).
 fn calibrate(engine: &engine::Engine, a: &Args, predictors: &mut decode::specee::ExitPredictors) -> anyhow::Result<()> {
+    let want = a.calibrate.max(1);
     let mut records = Vec::new();
     for path in &a.data {
-        let want = a.calibrate.max(1) - records.len();
-        records
-            .extend(read_records(path)?.into_iter().enumerate().filter(|(i, _)| i % 5 != 0).map(|(_, r)| r).take(want));
-        if records.len() >= a.calibrate.max(1) {
+        let training = read_records(path)?.into_iter().enumerate().filter(|(i, _)| i % 5 != 0).map(|(_, r)| r);
+        records.extend(training.take(want - records.len()));
+        if records.len() == want {
             break;
         }
     }
